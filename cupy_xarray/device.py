@@ -1,0 +1,190 @@
+"""The one place that knows "gpu", "cpu" or a zarr ``BufferPrototype``.
+
+A :class:`Device` bundles what the read engine needs from a place where arrays live:
+the array module (``numpy`` or ``cupy``), allocation, a byte-range reader
+(:mod:`cupy_xarray.engine.io`) and a batch decoder (:mod:`cupy_xarray.engine.codecs`).
+The engine and the xarray adapters only ever talk to a Device, so the same
+orchestration runs in CI on the CPU and on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import MissingGPUPackageError, NoGPUError
+
+_EXTRA_HINT = (
+    "install the GPU extra for your CUDA major version: "
+    "pip install 'cupy-xarray[cuda13]' (or [cuda12])"
+)
+_CPU_HINT = "pass device='cpu' (or use .cupy.as_numpy()) to stay on the CPU"
+
+
+def default_threads() -> int:
+    """I/O threads used when none are asked for.
+
+    ``CUPY_XARRAY_THREADS`` wins; otherwise one per core, between 4 and 32 (kvikio's own
+    default of one thread is about 8x slower on an H200 host than 16).
+    """
+    env = os.environ.get("CUPY_XARRAY_THREADS")
+    if env:
+        return max(1, int(env))
+    return min(32, max(4, os.cpu_count() or 4))
+
+
+def import_cupy():
+    """Import cupy, or raise an ImportError that names the extra to install."""
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise MissingGPUPackageError(f"cupy is not installed; {_EXTRA_HINT}") from exc
+    return cupy
+
+
+@functools.cache
+def gpu_available() -> bool:
+    """True where cupy imports and CUDA sees at least one device."""
+    try:
+        import cupy
+
+        return bool(cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+def require_gpu():
+    """Return the cupy module, or raise a clear error when no GPU can be used."""
+    cupy = import_cupy()
+    if not gpu_available():
+        raise NoGPUError(f"no CUDA device is available on this machine; {_CPU_HINT}")
+    return cupy
+
+
+def is_cupy_array(x: Any) -> bool:
+    """True for a ``cupy.ndarray`` (without importing cupy when it is not loaded)."""
+    return type(x).__module__.startswith("cupy") and hasattr(x, "__cuda_array_interface__")
+
+
+def array_namespace(x: Any):
+    """``cupy`` for cupy arrays, ``numpy`` for everything else."""
+    if is_cupy_array(x):
+        import cupy
+
+        return cupy
+    return np
+
+
+@dataclass
+class Device:
+    """Where the engine puts its output, and how it reads and decodes there.
+
+    Attributes
+    ----------
+    name
+        ``"cpu"`` or ``"gpu"``.
+    xp
+        The array module: ``numpy`` or ``cupy``.
+    io
+        Reads byte ranges of files into buffers of this device.
+    codecs
+        Decodes batches of compressed streams on this device.
+    threads
+        I/O threads.
+    """
+
+    name: str
+    xp: Any
+    io: Any
+    codecs: Any
+    threads: int = field(default_factory=default_threads)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype):
+        return self.xp.empty(shape, dtype=dtype)
+
+    def full(self, shape: tuple[int, ...], fill: Any, dtype: np.dtype):
+        return self.xp.full(shape, fill, dtype=dtype)
+
+    def asarray(self, x: Any):
+        """Move a host or device array to this device."""
+        if self.name == "gpu":
+            return self.xp.asarray(x)
+        if is_cupy_array(x):
+            return x.get()
+        return np.asarray(x)
+
+    def to_host(self, x: Any) -> np.ndarray:
+        return x.get() if is_cupy_array(x) else np.asarray(x)
+
+    def synchronize(self) -> None:
+        if self.name == "gpu":
+            self.xp.cuda.get_current_stream().synchronize()
+
+
+@dataclass
+class PrototypeDevice:
+    """A zarr ``BufferPrototype`` chosen by the user: reads go through zarr-python itself."""
+
+    prototype: Any
+    name: str = "prototype"
+
+
+def cpu_device(threads: int | None = None) -> Device:
+    from .engine.codecs import CPUCodecs
+    from .engine.io import PosixIO
+
+    return Device("cpu", np, PosixIO(), CPUCodecs(), threads or default_threads())
+
+
+def gpu_device(threads: int | None = None) -> Device:
+    cupy = require_gpu()
+    from .engine.codecs import GPUCodecs
+    from .engine.io import KvikioIO
+
+    return Device("gpu", cupy, KvikioIO(), GPUCodecs(), threads or default_threads())
+
+
+def resolve_device(device: Any = "gpu", threads: int | None = None) -> Device | PrototypeDevice:
+    """Turn the user's ``device=`` argument into a Device.
+
+    Parameters
+    ----------
+    device
+        ``"gpu"`` (default; also ``"cuda"``), ``"cpu"``, a zarr ``BufferPrototype``, or a
+        Device already resolved.
+    threads
+        I/O threads; default :func:`default_threads`.
+    """
+    if isinstance(device, Device | PrototypeDevice):
+        return device
+    if isinstance(device, str):
+        key = device.lower()
+        if key in ("gpu", "cuda"):
+            return gpu_device(threads)
+        if key == "cpu":
+            return cpu_device(threads)
+        raise ValueError(f"device must be 'gpu', 'cpu' or a zarr BufferPrototype, got {device!r}")
+    from zarr.core.buffer import BufferPrototype
+
+    if isinstance(device, BufferPrototype):
+        return PrototypeDevice(device)
+    raise TypeError(
+        f"device must be 'gpu', 'cpu' or a zarr BufferPrototype, got {type(device).__name__}"
+    )
+
+
+def buffer_prototype(device: Device | PrototypeDevice):
+    """The zarr ``BufferPrototype`` that matches a device (for zarr-python fallbacks)."""
+    if isinstance(device, PrototypeDevice):
+        return device.prototype
+    if device.name == "gpu":
+        from zarr.core.buffer import gpu
+
+        return gpu.buffer_prototype
+    from zarr.core.buffer import default_buffer_prototype
+
+    return default_buffer_prototype()

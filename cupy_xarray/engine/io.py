@@ -1,0 +1,212 @@
+"""Read many byte ranges of many files into device buffers, with many threads.
+
+Two implementations of one small interface::
+
+    with io.session(threads) as s:
+        pending = s.submit(reads)    # starts the reads, returns at once
+        pending.wait()               # raises ChunkError on any failure
+
+``PosixIO`` uses ``os.preadv`` on a thread pool into NumPy buffers; ``KvikioIO`` uses
+``kvikio.CuFile.pread`` into cupy buffers (GPUDirect Storage where the system has it,
+kvikio's POSIX compatibility mode with pinned bounce buffers elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ChunkError
+
+
+@dataclass
+class ReadOp:
+    """Read ``nbytes`` at ``offset`` of ``path`` into ``dest`` (a 1-D uint8 buffer)."""
+
+    path: str
+    offset: int
+    nbytes: int
+    dest: Any
+    array: str
+    chunk: str
+
+
+def _error(op: ReadOp, msg: str) -> ChunkError:
+    return ChunkError(msg, array=op.array, chunk=op.chunk, path=op.path)
+
+
+def _os_message(exc: OSError) -> str:
+    if isinstance(exc, IsADirectoryError):
+        return "chunk path is a directory, not a file"
+    if isinstance(exc, PermissionError):
+        return "permission denied reading the chunk"
+    return f"cannot read chunk: {exc}"
+
+
+def _pread_into(op: ReadOp) -> None:
+    try:
+        fd = os.open(op.path, os.O_RDONLY)
+    except OSError as exc:
+        raise _error(op, _os_message(exc)) from exc
+    try:
+        view = memoryview(op.dest).cast("B")
+        done = 0
+        while done < op.nbytes:
+            n = os.preadv(fd, [view[done : op.nbytes]], op.offset + done)
+            if n == 0:
+                raise _error(op, f"file ended after {done} of {op.nbytes} bytes (truncated?)")
+            done += n
+    except OSError as exc:
+        raise _error(op, _os_message(exc)) from exc
+    finally:
+        os.close(fd)
+
+
+class _Pending:
+    def __init__(self, futures):
+        self._futures = futures
+
+    def wait(self) -> None:
+        first = None
+        for f in self._futures:
+            exc = f.exception()
+            if exc is not None and first is None:
+                first = exc
+        if first is not None:
+            raise first
+
+
+class _PosixSession:
+    def __init__(self, threads: int):
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cupy-xarray-io")
+
+    def submit(self, ops: list[ReadOp]) -> _Pending:
+        return _Pending([self._pool.submit(_pread_into, op) for op in ops])
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class PosixIO:
+    """Byte-range reads into host (NumPy) buffers with ``os.preadv`` on a thread pool."""
+
+    name = "posix"
+
+    @contextlib.contextmanager
+    def session(self, threads: int):
+        s = _PosixSession(threads)
+        try:
+            yield s
+        finally:
+            s.close()
+
+
+# kvikio's thread pool is process-wide: raise it while any read of ours runs, restore the
+# user's setting when the last one ends (a refcount, so concurrent reads don't race).
+_kvikio_lock = threading.Lock()
+_kvikio_users = 0
+_kvikio_saved: int | None = None
+
+
+def _kvikio_enter(threads: int) -> None:
+    global _kvikio_users, _kvikio_saved
+    import kvikio.defaults as kd
+
+    with _kvikio_lock:
+        if _kvikio_users == 0:
+            _kvikio_saved = kd.get("num_threads")
+            if threads > _kvikio_saved:
+                kd.set("num_threads", threads)
+        _kvikio_users += 1
+
+
+def _kvikio_exit() -> None:
+    global _kvikio_users
+    import kvikio.defaults as kd
+
+    with _kvikio_lock:
+        _kvikio_users -= 1
+        if _kvikio_users == 0 and _kvikio_saved is not None:
+            if kd.get("num_threads") != _kvikio_saved:
+                kd.set("num_threads", _kvikio_saved)
+
+
+class _KvikioPending:
+    def __init__(self, items):
+        self._items = items
+
+    def wait(self) -> None:
+        first = None
+        for f, fut, op in self._items:
+            try:
+                if fut is not None:
+                    n = fut.get()
+                    if n != op.nbytes and first is None:
+                        first = _error(op, f"read {n} of {op.nbytes} bytes (truncated?)")
+            except Exception as exc:  # noqa: BLE001 - re-raised with the chunk named
+                if first is None:
+                    first = _error(op, f"kvikio read failed: {exc}")
+            finally:
+                if f is not None:
+                    f.close()
+        self._items = []
+        if first is not None:
+            raise first
+
+    def wait_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            self.wait()
+
+
+class _KvikioSession:
+    def submit(self, ops: list[ReadOp]) -> _KvikioPending:
+        import kvikio
+
+        items = []
+        try:
+            for op in ops:
+                if os.path.isdir(op.path):
+                    raise _error(op, "chunk path is a directory, not a file")
+                try:
+                    f = kvikio.CuFile(op.path, "r")
+                except Exception as exc:
+                    if isinstance(exc, OSError):
+                        raise _error(op, _os_message(exc)) from exc
+                    if not os.access(op.path, os.R_OK):
+                        raise _error(op, "permission denied reading the chunk") from exc
+                    raise _error(op, f"kvikio cannot open the chunk: {exc}") from exc
+                try:
+                    fut = f.pread(op.dest, op.nbytes, file_offset=op.offset)
+                except Exception:
+                    f.close()
+                    raise
+                items.append((f, fut, op))
+        except BaseException:
+            _KvikioPending(items).wait_quietly()
+            raise
+        return _KvikioPending(items)
+
+
+class KvikioIO:
+    """Byte-range reads into GPU (cupy) buffers with ``kvikio.CuFile.pread``."""
+
+    name = "kvikio"
+
+    @contextlib.contextmanager
+    def session(self, threads: int):
+        try:
+            import kvikio  # noqa: F401
+        except ImportError as exc:
+            from ..device import _EXTRA_HINT
+            from ..errors import MissingGPUPackageError
+
+            raise MissingGPUPackageError(f"kvikio is not installed; {_EXTRA_HINT}") from exc
+        _kvikio_enter(threads)
+        try:
+            yield _KvikioSession()
+        finally:
+            _kvikio_exit()

@@ -1,0 +1,318 @@
+"""The read engine: plan -> read byte ranges in batches -> decode per codec -> scatter.
+
+:func:`read_arrays` reads selections of many arrays in one go. Chunks whose stored bytes
+are the output's own bytes are read straight into the output; all others are read into a
+staging buffer, decoded with one batched call per codec, and scattered. Batches overlap:
+while one is decoded, the next one is already being read.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..device import Device, PrototypeDevice
+from ..errors import ChunkError
+from .codecs import DecodeFailure, FramingError, crc32c_strip, deframe
+from .io import ReadOp
+from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
+from .scatter import bytes_to_chunk, scatter, select
+from .shards import EMPTY, read_shard_index
+from .spec import ArraySpec
+
+log = logging.getLogger("cupy_xarray")
+
+DEFAULT_BATCH_BYTES = 512 * 2**20
+_ALIGN = 256
+_MAX_OPS = 256
+
+
+@dataclass
+class _Task:
+    """One chunk piece located on disk."""
+
+    out: int
+    spec: ArraySpec
+    piece: ChunkPiece
+    path: str
+    key: str
+    offset: int
+    nbytes: int
+    direct: tuple[int, int, int] | None = None  # (file offset, nbytes, output byte offset)
+    data: Any = field(default=None, repr=False)
+
+    def error(self, msg: str) -> ChunkError:
+        return ChunkError(msg, array=self.spec.name, chunk=self.key, path=self.path)
+
+
+def describe(spec: ArraySpec, device: Device | PrototypeDevice) -> str:
+    """One line saying which path the engine takes for an array."""
+    if isinstance(device, PrototypeDevice):
+        return f"{spec.name}: zarr-python pipeline with the given BufferPrototype"
+    if spec.fallback:
+        return f"{spec.name}: zarr-python on the CPU ({spec.fallback})"
+    r = spec.recipe
+    codecs = ", ".join(r.bytes_codecs) or "uncompressed"
+    where = device.codecs.name if r.bytes_codecs else device.io.name
+    shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
+    return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}"
+
+
+def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
+    """Find each piece's bytes; return (tasks, number of missing chunks)."""
+    tasks: list[_Task] = []
+    missing = 0
+    if spec.shard is None:
+        for p in pieces:
+            path = spec.chunk_path(p.coords)
+            key = spec.chunk_key(p.coords)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                missing += 1
+                continue
+            except OSError as exc:
+                raise ChunkError(f"cannot stat chunk: {exc}", array=spec.name, chunk=key,
+                                 path=path) from exc
+            if stat.S_ISDIR(st.st_mode):
+                raise ChunkError("chunk path is a directory, not a file", array=spec.name,
+                                 chunk=key, path=path)
+            tasks.append(_Task(out, spec, p, path, key, 0, st.st_size))
+        return tasks, missing
+    per_shard = spec.shard.chunks_per_shard(spec.chunks)
+    indexes: dict[tuple[int, ...], Any] = {}
+    for p in pieces:
+        shard = tuple(c // n for c, n in zip(p.coords, per_shard))
+        local = tuple(c % n for c, n in zip(p.coords, per_shard))
+        if shard not in indexes:
+            indexes[shard] = read_shard_index(spec, shard)
+        index = indexes[shard]
+        if index is None or index[local + (0,)] == EMPTY:
+            missing += 1
+            continue
+        offset, nbytes = (int(v) for v in index[local])
+        key = f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
+        tasks.append(_Task(out, spec, p, spec.chunk_path(shard), key, offset, nbytes))
+    return tasks, missing
+
+
+def _plan_direct(task: _Task, out_shape: tuple[int, ...]) -> None:
+    """Mark a task for a read straight into the output when its bytes are contiguous there."""
+    recipe = task.spec.recipe
+    if not recipe.is_raw:
+        return
+    src = contiguous_span(recipe.shape, task.piece.chunk_sel)
+    dst = contiguous_span(out_shape, task.piece.out_sel)
+    if src is None or dst is None or src[1] != dst[1]:
+        return
+    size = recipe.dtype.itemsize
+    task.direct = (task.offset + src[0] * size, src[1] * size, dst[0] * size)
+
+
+def _check_size(task: _Task) -> None:
+    recipe = task.spec.recipe
+    if recipe.bytes_codecs:
+        if task.nbytes == 0:
+            raise task.error("chunk is empty (0 bytes)")
+        return
+    if task.nbytes != recipe.nbytes:
+        raise task.error(
+            f"chunk is {task.nbytes} bytes, expected {recipe.nbytes} "
+            "for an uncompressed chunk (truncated or corrupt)"
+        )
+
+
+def _batches(tasks: list[_Task], batch_bytes: int) -> list[list[_Task]]:
+    batches, cur, size = [], [], 0
+    for t in tasks:
+        n = t.direct[1] if t.direct else t.nbytes + t.spec.recipe.nbytes
+        if cur and (size + n > batch_bytes or len(cur) >= _MAX_OPS):
+            batches.append(cur)
+            cur, size = [], 0
+        cur.append(t)
+        size += n
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def _submit(session, batch: list[_Task], outs: list, device: Device):
+    """Allocate the batch's staging buffer and start its reads."""
+    staged = [t for t in batch if t.direct is None]
+    offsets, total = [], 0
+    for t in staged:
+        offsets.append(total)
+        total += -(-t.nbytes // _ALIGN) * _ALIGN
+    staging = device.empty((max(total, 1),), np.uint8)
+    ops = []
+    for t, off in zip(staged, offsets):
+        t.data = staging[off : off + t.nbytes]
+        ops.append(ReadOp(t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key))
+    for t in batch:
+        if t.direct is not None:
+            file_off, n, out_off = t.direct
+            flat = outs[t.out].reshape(-1).view(np.uint8)
+            ops.append(ReadOp(t.path, file_off, n, flat[out_off : out_off + n], t.spec.name, t.key))
+    return session.submit(ops), staging
+
+
+def _decode_group(tasks: list[_Task], device: Device) -> None:
+    """Run one recipe's byte codecs over a group of staged tasks, in batched calls."""
+    recipe = tasks[0].spec.recipe
+    xp = device.xp
+    codecs = recipe.bytes_codecs
+    for i, name in enumerate(codecs):
+        if name == "crc32c":
+            for t in tasks:
+                try:
+                    t.data = crc32c_strip(xp, t.data)
+                except ValueError as exc:
+                    raise t.error(str(exc)) from exc
+            continue
+        expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
+        raw = []
+        for t in tasks:
+            try:
+                raw.append(deframe(name, t.data))
+            except FramingError as exc:
+                raise t.error(f"{exc} (corrupt chunk)") from exc
+        try:
+            decoded = device.codecs.decode(name, raw, [expected] * len(raw))
+        except DecodeFailure as exc:
+            raise tasks[exc.index].error(f"{exc} (corrupt chunk?)") from exc
+        for t, d in zip(tasks, decoded):
+            if len(d) != expected:
+                raise t.error(f"{name} stream decoded to {len(d)} bytes, expected {expected}")
+            t.data = d
+        tasks[0]._owner = decoded  # keep nvCOMP's output alive until scattered
+
+
+def _finish(batch: list[_Task], outs: list, device: Device) -> None:
+    staged = [t for t in batch if t.direct is None]
+    groups: dict[int, list[_Task]] = {}
+    for t in staged:
+        groups.setdefault(id(t.spec.recipe), []).append(t)
+    xp = device.xp
+    for group in groups.values():
+        if group[0].spec.recipe.bytes_codecs:
+            _decode_group(group, device)
+        for t in group:
+            recipe = t.spec.recipe
+            if len(t.data) < recipe.nbytes:
+                raise t.error(f"chunk holds {len(t.data)} bytes, expected {recipe.nbytes}")
+            chunk = bytes_to_chunk(xp, t.data, recipe)
+            scatter(xp, outs[t.out], t.piece.out_sel, select(xp, chunk, t.piece.chunk_sel))
+        for t in group:
+            t.data = None
+            t.__dict__.pop("_owner", None)
+
+
+def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevice):
+    """Read through zarr-python's own codec pipeline (codecs the engine does not decode)."""
+    from ..device import buffer_prototype
+
+    sel = tuple(s.tolist() if isinstance(s, np.ndarray) else s for s in selection)
+    if isinstance(device, PrototypeDevice):
+        return spec.zarr_array.get_orthogonal_selection(sel, prototype=buffer_prototype(device))
+    result = spec.zarr_array.get_orthogonal_selection(sel)
+    result = np.asarray(result)
+    if result.dtype.kind in "biufc":
+        return device.asarray(result.astype(spec.dtype, copy=False))
+    return result
+
+
+def read_arrays(
+    requests: list[tuple[ArraySpec, Any]],
+    device: Device | PrototypeDevice,
+    *,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    progress: bool = False,
+) -> list[Any]:
+    """Read selections of many arrays in one go.
+
+    Parameters
+    ----------
+    requests
+        ``(spec, selection)`` pairs; a selection is orthogonal (ints, slices, int arrays).
+    device
+        Where the outputs go (:func:`cupy_xarray.device.resolve_device`).
+    batch_bytes
+        Bytes read (and decoded) per batch; bounds the memory used beside the outputs.
+    progress
+        Show a progress bar (tqdm) over the bytes read.
+
+    Returns
+    -------
+    list
+        One output array per request (cupy on the GPU, numpy on the CPU).
+    """
+    outs: list[Any] = [None] * len(requests)
+    tasks: list[_Task] = []
+    for i, (spec, selection) in enumerate(requests):
+        nsel = normalize_selection(selection, spec.shape)
+        if isinstance(device, PrototypeDevice) or spec.fallback:
+            log.debug(describe(spec, device))
+            outs[i] = _zarr_read(spec, nsel, device)
+            continue
+        log.debug(describe(spec, device))
+        oshape = output_shape(nsel, spec.shape)
+        pieces = plan_chunks(nsel, spec.shape, spec.chunks)
+        found, missing = _locate(spec, pieces, i)
+        if missing:
+            outs[i] = device.full(oshape, spec.fill_value, spec.dtype)
+        else:
+            outs[i] = device.empty(oshape, spec.dtype)
+        for t in found:
+            _check_size(t)
+            _plan_direct(t, oshape)
+        tasks.extend(found)
+    if not tasks:
+        return outs
+    batches = _batches(tasks, batch_bytes)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        total = sum(t.direct[1] if t.direct else t.nbytes for t in tasks)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading")
+    pending: list = []
+    try:
+        with device.io.session(device.threads) as session:
+            try:
+                pending.append(_submit(session, batches[0], outs, device))
+                for b, batch in enumerate(batches):
+                    if b + 1 < len(batches):
+                        pending.append(_submit(session, batches[b + 1], outs, device))
+                    waiter, _staging = pending.pop(0)
+                    waiter.wait()
+                    _finish(batch, outs, device)
+                    device.synchronize()  # staging memory is reused by the next batch's reads
+                    if bar is not None:
+                        bar.update(sum(t.direct[1] if t.direct else t.nbytes for t in batch))
+            except BaseException:
+                # let reads in flight land before their buffers are released
+                for waiter, _ in pending:
+                    try:
+                        waiter.wait()
+                    except Exception:  # noqa: BLE001 - the first error is the one reported
+                        pass
+                outs.clear()
+                raise
+    finally:
+        pending.clear()
+        for t in tasks:
+            t.data = None
+            t.__dict__.pop("_owner", None)
+        if bar is not None:
+            bar.close()
+    return outs
+
+
+def nbytes_of(spec: ArraySpec) -> int:
+    return math.prod(spec.shape) * spec.dtype.itemsize

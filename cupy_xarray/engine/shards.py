@@ -1,0 +1,72 @@
+"""Zarr v3 sharding: read a shard's index and find its inner chunks' byte ranges.
+
+Shard indexes are small, so they are always read on the host with ``os.pread`` and
+checked there (crc32c), whatever the output device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import ChunkError
+from .spec import ArraySpec
+
+EMPTY = np.uint64(2**64 - 1)
+
+
+def _crc32c(data: bytes) -> int:
+    import crc32c
+
+    return crc32c.crc32c(data)
+
+
+def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarray | None:
+    """The index of one shard: an array of shape ``chunks_per_shard + (2,)`` of uint64.
+
+    Returns None when the shard file does not exist (all its chunks read as fill value).
+    """
+    layout = spec.shard
+    assert layout is not None
+    path = spec.chunk_path(shard_coords)
+    key = spec.chunk_key(shard_coords)
+    per_shard = layout.chunks_per_shard(spec.chunks)
+    nbytes = layout.index_nbytes(spec.chunks)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ChunkError(f"cannot open shard: {exc}", array=spec.name, chunk=key, path=path) from exc
+    try:
+        size = os.fstat(fd).st_size
+        if size < nbytes:
+            raise ChunkError(
+                f"shard is {size} bytes, shorter than its {nbytes}-byte index (truncated?)",
+                array=spec.name, chunk=key, path=path,
+            )
+        offset = 0 if layout.index_at_start else size - nbytes
+        raw = os.pread(fd, nbytes, offset)
+    except IsADirectoryError as exc:
+        raise ChunkError("shard path is a directory", array=spec.name, chunk=key, path=path) from exc
+    finally:
+        os.close(fd)
+    if len(raw) != nbytes:
+        raise ChunkError("short read of shard index", array=spec.name, chunk=key, path=path)
+    if layout.index_crc32c:
+        body, stored = raw[:-4], int.from_bytes(raw[-4:], "little")
+        if _crc32c(body) != stored:
+            raise ChunkError("shard index crc32c mismatch (corrupt shard)",
+                             array=spec.name, chunk=key, path=path)
+        raw = body
+    index = np.frombuffer(raw, dtype="<u8").astype(np.uint64).reshape(per_shard + (2,))
+    offsets, lengths = index[..., 0], index[..., 1]
+    present = offsets != EMPTY
+    ends = offsets[present] + lengths[present]
+    if ends.size and (ends.max() > size or (offsets[present] > size).any()):
+        raise ChunkError(
+            f"shard index points past the end of the {size}-byte shard file (corrupt shard)",
+            array=spec.name, chunk=key, path=path,
+        )
+    return index

@@ -1,0 +1,263 @@
+"""What the engine needs to know about one Zarr array, read from zarr-python's metadata.
+
+:func:`array_spec` turns a ``zarr.Array`` on a local store into an :class:`ArraySpec`: the
+files its chunks live in, and a :class:`ChunkRecipe` that says how the bytes of one chunk
+become an array (byte codecs in decode order, byte order, memory order, transpose). Arrays
+whose codecs the engine does not decode itself get ``fallback`` set to the reason, and are
+read through zarr-python's own codec pipeline instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# zarr v3 codec names and numcodecs ids -> the engine's own names
+_BYTES_CODECS = {
+    "zstd": "zstd",
+    "numcodecs.zstd": "zstd",
+    "gzip": "gzip",
+    "numcodecs.gzip": "gzip",
+    "zlib": "zlib",
+    "numcodecs.zlib": "zlib",
+    "lz4": "lz4",
+    "numcodecs.lz4": "lz4",
+    "crc32c": "crc32c",
+}
+#: compressors the engine decodes itself (on the GPU with nvCOMP)
+COMPRESSORS = frozenset({"zstd", "gzip", "zlib", "lz4"})
+_ENGINE_KINDS = frozenset("biufc")
+
+
+@dataclass(frozen=True)
+class ChunkRecipe:
+    """How the stored bytes of one chunk become an array of ``shape``.
+
+    Attributes
+    ----------
+    shape
+        The chunk's shape (the inner chunk's, for sharded arrays).
+    dtype
+        The output dtype, native byte order.
+    byteorder
+        ``"<"``, ``">"`` or ``"|"``: byte order of the stored elements.
+    order
+        ``"C"`` or ``"F"`` (zarr v2's memory order).
+    transpose
+        The v3 ``transpose`` codec's order, or None.
+    bytes_codecs
+        Byte-to-byte codecs in *decode* order, e.g. ``("crc32c", "zstd")``.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    byteorder: str = "|"
+    order: str = "C"
+    transpose: tuple[int, ...] | None = None
+    bytes_codecs: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def needs_swap(self) -> bool:
+        native = "<" if np.little_endian else ">"
+        return self.byteorder not in ("|", "=", native) and self.dtype.itemsize > 1
+
+    @property
+    def is_raw(self) -> bool:
+        """True when the stored bytes are the C-order array itself."""
+        return (
+            not self.bytes_codecs
+            and not self.needs_swap
+            and self.transpose is None
+            and (self.order == "C" or len(self.shape) <= 1)
+        )
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where a sharded array keeps its inner chunks."""
+
+    shard_shape: tuple[int, ...]
+    index_at_start: bool
+    index_crc32c: bool
+
+    def chunks_per_shard(self, inner: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(s // c for s, c in zip(self.shard_shape, inner))
+
+    def index_nbytes(self, inner: tuple[int, ...]) -> int:
+        return 16 * math.prod(self.chunks_per_shard(inner)) + (4 if self.index_crc32c else 0)
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One Zarr array as the engine sees it."""
+
+    name: str
+    directory: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fill_value: Any
+    chunks: tuple[int, ...]
+    recipe: ChunkRecipe | None
+    shard: ShardLayout | None
+    zarr_array: Any
+    fallback: str | None = None
+
+    def chunk_key(self, file_coords: tuple[int, ...]) -> str:
+        return self.zarr_array.metadata.encode_chunk_key(file_coords)
+
+    def chunk_path(self, file_coords: tuple[int, ...]) -> str:
+        return os.path.join(self.directory, self.chunk_key(file_coords))
+
+
+class Unsupported(Exception):
+    """A codec chain the engine does not decode itself (read through zarr-python instead)."""
+
+
+def _native(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("=") if dtype.byteorder not in ("|", "=") else dtype
+
+
+def _bytes_codecs_decode_order(names: list[str]) -> tuple[str, ...]:
+    mapped = []
+    for name in names:
+        if name not in _BYTES_CODECS:
+            raise Unsupported(f"codec {name!r} is decoded by zarr-python on the CPU")
+        mapped.append(_BYTES_CODECS[name])
+    if sum(m in COMPRESSORS for m in mapped) > 1:
+        raise Unsupported("more than one compressor in the chain")
+    return tuple(reversed(mapped))
+
+
+def _recipe_v3(codecs: list[dict], shape: tuple[int, ...], dtype: np.dtype) -> ChunkRecipe:
+    transpose = None
+    byteorder = "|"
+    rest: list[str] = []
+    stage = "array"
+    for codec in codecs:
+        name, conf = codec["name"], codec.get("configuration") or {}
+        if stage == "array" and name == "transpose":
+            if transpose is not None:
+                raise Unsupported("more than one transpose codec")
+            transpose = tuple(int(i) for i in conf["order"])
+        elif stage == "array" and name == "bytes":
+            endian = conf.get("endian")
+            byteorder = {"little": "<", "big": ">", None: "|"}[endian]
+            stage = "bytes"
+        elif stage == "bytes":
+            rest.append(name)
+        else:
+            raise Unsupported(f"codec {name!r} is decoded by zarr-python on the CPU")
+    if stage != "bytes":
+        raise Unsupported("no 'bytes' codec")
+    if dtype.itemsize == 1:
+        byteorder = "|"
+    return ChunkRecipe(shape, _native(dtype), byteorder, "C", transpose, _bytes_codecs_decode_order(rest))
+
+
+def _plain_codecs(codecs: tuple[Any, ...]) -> list[dict]:
+    out = []
+    for c in codecs:
+        d = c.to_dict() if hasattr(c, "to_dict") else dict(c)
+        out.append({"name": d["name"], "configuration": d.get("configuration") or {}})
+    return out
+
+
+def _spec_v3(array: Any, dtype: np.dtype):
+    codecs = _plain_codecs(array.metadata.codecs)
+    if codecs and codecs[0]["name"] == "sharding_indexed":
+        if len(codecs) > 1:
+            raise Unsupported("codecs after sharding")
+        conf = codecs[0]["configuration"]
+        inner = tuple(int(i) for i in conf["chunk_shape"])
+        inner_codecs = _plain_codecs(conf["codecs"])
+        if any(c["name"] == "sharding_indexed" for c in inner_codecs):
+            raise Unsupported("nested sharding")
+        index = [c["name"] for c in _plain_codecs(conf["index_codecs"])]
+        index_endian = _plain_codecs(conf["index_codecs"])[0]["configuration"].get("endian")
+        if index not in (["bytes"], ["bytes", "crc32c"]) or index_endian == "big":
+            raise Unsupported(f"shard index codecs {index}")
+        shard_shape = tuple(int(i) for i in array.shards)
+        location = conf.get("index_location", "end")
+        location = str(getattr(location, "value", location))
+        layout = ShardLayout(shard_shape, location == "start", index == ["bytes", "crc32c"])
+        return inner, _recipe_v3(inner_codecs, inner, dtype), layout
+    chunks = tuple(int(i) for i in array.chunks)
+    return chunks, _recipe_v3(codecs, chunks, dtype), None
+
+
+def _spec_v2(array: Any, dtype: np.dtype):
+    meta = array.metadata
+    if meta.filters:
+        raise Unsupported("v2 filters are decoded by zarr-python on the CPU")
+    names = []
+    if meta.compressor is not None:
+        names.append(meta.compressor.get_config()["id"])
+    chunks = tuple(int(i) for i in meta.chunks)
+    byteorder = dtype.byteorder if dtype.itemsize > 1 else "|"
+    if byteorder == "=":
+        byteorder = "<" if np.little_endian else ">"
+    recipe = ChunkRecipe(chunks, _native(dtype), byteorder, meta.order, None,
+                         _bytes_codecs_decode_order(names))
+    return chunks, recipe, None
+
+
+def store_root(array: Any) -> str | None:
+    """The local directory behind a zarr array's store, or None for other stores."""
+    store = array.store
+    root = getattr(store, "root", None)
+    if root is None or type(store).__name__ != "LocalStore":
+        return None
+    return str(root)
+
+
+def array_spec(array: Any, name: str | None = None) -> ArraySpec:
+    """Describe a ``zarr.Array`` for the engine.
+
+    Parameters
+    ----------
+    array
+        An open ``zarr.Array``.
+    name
+        Name used in messages; default the array's path in its store.
+    """
+    name = name or array.path or "/"
+    dtype = np.dtype(array.dtype)
+    shape = tuple(int(s) for s in array.shape)
+    fill = array.fill_value
+    if fill is None:
+        fill = 0 if dtype.kind in "biufc" else None
+    root = store_root(array)
+    directory = os.path.join(root, array.path) if root is not None else ""
+    fallback = None
+    recipe = shard = None
+    try:
+        chunks = tuple(int(c) for c in array.chunks)
+    except NotImplementedError:  # rectilinear chunk grids (zarr >= 3.2)
+        chunks = ()
+        fallback = "rectilinear chunk grid"
+    if fallback:
+        pass
+    elif root is None:
+        fallback = f"store {type(array.store).__name__} is not a local directory"
+    elif dtype.kind not in _ENGINE_KINDS:
+        fallback = f"dtype {dtype} is read by zarr-python"
+    else:
+        try:
+            if array.metadata.zarr_format == 3:
+                chunks, recipe, shard = _spec_v3(array, dtype)
+            else:
+                chunks, recipe, shard = _spec_v2(array, dtype)
+        except Unsupported as exc:
+            fallback = str(exc)
+    out_dtype = _native(dtype) if dtype.kind in _ENGINE_KINDS else dtype
+    if fill is not None and dtype.kind in _ENGINE_KINDS:
+        fill = np.asarray(fill).astype(out_dtype)[()]
+    return ArraySpec(name, directory, shape, out_dtype, fill, chunks, recipe, shard, array, fallback)

@@ -1,0 +1,41 @@
+"""Exceptions raised by cupy-xarray, each naming what went wrong and where."""
+
+from __future__ import annotations
+
+
+class CupyXarrayError(Exception):
+    """Base class of the package's own errors."""
+
+
+class NoGPUError(CupyXarrayError, RuntimeError):
+    """A GPU read or conversion was asked for on a machine where CUDA has no device."""
+
+
+class MissingGPUPackageError(CupyXarrayError, ImportError):
+    """A GPU package (cupy, kvikio, nvCOMP) is not installed."""
+
+
+class ChunkError(CupyXarrayError, ValueError):
+    """A chunk could not be read or decoded.
+
+    Parameters
+    ----------
+    message
+        What went wrong.
+    array
+        The array's path inside the store.
+    chunk
+        The chunk's key (``"c/0/1"``, or ``"c/0/1[inner 3, 0]"`` inside a shard).
+    path
+        The file that was read.
+    """
+
+    def __init__(self, message: str, *, array: str, chunk: str, path: str) -> None:
+        self.array = array
+        self.chunk = chunk
+        self.path = path
+        super().__init__(f"array {array!r}, chunk {chunk!r} ({path}): {message}")
+
+
+class StoreError(CupyXarrayError, ValueError):
+    """The store, group or variable asked for does not exist or is not usable."""
