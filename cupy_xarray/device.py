@@ -148,6 +148,11 @@ def gpu_device(threads: int | None = None) -> Device:
     return Device("gpu", cupy, KvikioIO(), GPUCodecs(), threads or default_threads())
 
 
+@functools.lru_cache(maxsize=16)
+def _named_device(name: str, threads: int) -> Device:
+    return gpu_device(threads) if name == "gpu" else cpu_device(threads)
+
+
 def resolve_device(device: Any = "gpu", threads: int | None = None) -> Device | PrototypeDevice:
     """Turn the user's ``device=`` argument into a Device.
 
@@ -162,11 +167,9 @@ def resolve_device(device: Any = "gpu", threads: int | None = None) -> Device | 
     if isinstance(device, Device | PrototypeDevice):
         return device
     if isinstance(device, str):
-        key = device.lower()
-        if key in ("gpu", "cuda"):
-            return gpu_device(threads)
-        if key == "cpu":
-            return cpu_device(threads)
+        key = {"cuda": "gpu"}.get(device.lower(), device.lower())
+        if key in ("gpu", "cpu"):
+            return _named_device(key, threads or default_threads())
         raise ValueError(f"device must be 'gpu', 'cpu' or a zarr BufferPrototype, got {device!r}")
     from zarr.core.buffer import BufferPrototype
 

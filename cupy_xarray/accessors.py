@@ -1,0 +1,129 @@
+"""The ``.cupy`` accessor on :class:`xarray.DataArray` and :class:`xarray.Dataset`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from .device import is_cupy_array, require_gpu
+
+
+def _is_dask(data: Any) -> bool:
+    return type(data).__module__.startswith("dask") and hasattr(data, "_meta")
+
+
+def _data_is_cupy(var: xr.Variable) -> bool:
+    data = var._data
+    if _is_dask(data):
+        return is_cupy_array(data._meta)
+    if is_cupy_array(data):
+        return True
+    from .backend import KvikioBackendArray
+    from .cf import find_backend_array
+
+    lazy = find_backend_array(data, KvikioBackendArray)
+    if lazy is not None:  # not loaded yet: don't load just to answer
+        return lazy.device in ("gpu", "cuda") and lazy.dtype.kind in "biufc"
+    return is_cupy_array(getattr(data, "array", None))
+
+
+def _to_cupy(data: Any) -> Any:
+    cupy = require_gpu()
+    if _is_dask(data):
+        return data.map_blocks(cupy.asarray, dtype=data.dtype, meta=cupy.empty((0,) * data.ndim, dtype=data.dtype))
+    return cupy.asarray(data)
+
+
+def _to_numpy(data: Any) -> Any:
+    def host(block):
+        return block.get() if is_cupy_array(block) else np.asarray(block)
+
+    if _is_dask(data):
+        return data.map_blocks(host, dtype=data.dtype, meta=np.empty((0,) * data.ndim, dtype=data.dtype))
+    return np.array(host(data), copy=True)
+
+
+@xr.register_dataarray_accessor("cupy")
+class CupyDataArrayAccessor:
+    """GPU helpers for a DataArray: ``da.cupy.as_cupy()``, ``da.cupy.is_cupy``..."""
+
+    def __init__(self, da: xr.DataArray) -> None:
+        self._da = da
+
+    @property
+    def is_cupy(self) -> bool:
+        """True when the data is a cupy array, or dask with a cupy ``_meta``."""
+        return _data_is_cupy(self._da.variable)
+
+    def as_cupy(self, coords: bool = False) -> xr.DataArray:
+        """A new DataArray with its data in GPU memory (dask stays lazy, with cupy meta).
+
+        Parameters
+        ----------
+        coords
+            Also move non-index coordinates (index coordinates always stay pandas indexes).
+        """
+        da = self._da
+        out = da.copy(deep=False, data=_to_cupy(da.variable._data if _is_dask(da.variable._data) else da.data))
+        if coords:
+            for name, coord in da.coords.items():
+                if name not in da.indexes:
+                    out = out.assign_coords({name: coord.cupy.as_cupy()})
+        return out
+
+    def as_numpy(self) -> xr.DataArray:
+        """A new DataArray with its data (and coordinates) in host memory."""
+        da = self._da
+        data = da.variable._data if _is_dask(da.variable._data) else da.data
+        out = da.copy(deep=False, data=_to_numpy(data))
+        for name, coord in da.coords.items():
+            if name not in da.indexes and (is_cupy_array(coord.variable._data) or _is_dask(coord.variable._data)):
+                out = out.assign_coords({name: coord.cupy.as_numpy()})
+        return out
+
+    def get(self) -> np.ndarray:
+        """The data as a NumPy array (computing dask first)."""
+        data = self._da.data
+        if _is_dask(data):
+            data = data.compute()
+        return data.get() if is_cupy_array(data) else np.asarray(data)
+
+
+@xr.register_dataset_accessor("cupy")
+class CupyDatasetAccessor:
+    """GPU helpers for a Dataset: ``ds.cupy.as_cupy()``, ``ds.cupy.is_cupy``..."""
+
+    def __init__(self, ds: xr.Dataset) -> None:
+        self._ds = ds
+
+    @staticmethod
+    def read_zarr_gds(store: Any, **kwargs: Any) -> xr.Dataset:
+        """See :func:`cupy_xarray.read_zarr_gds`."""
+        from .loader import read_zarr_gds
+
+        return read_zarr_gds(store, **kwargs)
+
+    @property
+    def is_cupy(self) -> bool:
+        """True when every data variable is on the GPU."""
+        return all(_data_is_cupy(v.variable) for v in self._ds.data_vars.values())
+
+    def _convert(self, fn) -> xr.Dataset:
+        ds = self._ds
+        out = ds.copy(deep=False)
+        for name in ds.data_vars:
+            out[name] = fn(ds[name])
+        out.attrs = dict(ds.attrs)
+        out.encoding = dict(ds.encoding)
+        return out
+
+    def as_cupy(self, coords: bool = False) -> xr.Dataset:
+        """A new Dataset with every data variable in GPU memory (see DataArray.cupy.as_cupy)."""
+        require_gpu()
+        return self._convert(lambda da: da.cupy.as_cupy(coords=coords))
+
+    def as_numpy(self) -> xr.Dataset:
+        """A new Dataset with everything in host memory."""
+        return self._convert(lambda da: da.cupy.as_numpy())

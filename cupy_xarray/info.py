@@ -1,0 +1,64 @@
+"""``python -m cupy_xarray info``: one screen of facts for bug reports."""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+
+
+def _version(module: str) -> str:
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - report, don't fail
+        return f"not available ({type(exc).__name__})"
+    return str(getattr(mod, "__version__", "installed"))
+
+
+def info_lines() -> list[str]:
+    """The lines ``info`` prints; works with no GPU and no cupy."""
+    from . import __version__
+    from .device import default_threads, gpu_available
+
+    lines = [
+        f"cupy_xarray   {__version__}",
+        f"python        {sys.version.split()[0]} ({platform.platform()})",
+    ]
+    for name, module in [("xarray", "xarray"), ("zarr", "zarr"), ("numpy", "numpy"),
+                         ("numcodecs", "numcodecs"), ("dask", "dask"), ("cupy", "cupy"),
+                         ("kvikio", "kvikio"), ("nvCOMP", "nvidia.nvcomp")]:
+        lines.append(f"{name:<13} {_version(module)}")
+    lines.append(f"io threads    {default_threads()} (CUPY_XARRAY_THREADS or threads=)")
+    if not gpu_available():
+        lines.append("GPU           none available: reads use device='cpu' (NumPy, os.pread)")
+        return lines
+    import cupy
+
+    rt = cupy.cuda.runtime
+    lines.append(f"CUDA          driver {rt.driverGetVersion()}, runtime {rt.runtimeGetVersion()}")
+    for i in range(rt.getDeviceCount()):
+        props = rt.getDeviceProperties(i)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        lines.append(f"GPU {i}         {name}, {props['totalGlobalMem'] / 2**30:.0f} GiB")
+    try:
+        import kvikio
+        import kvikio.defaults as kd
+
+        compat = kd.get("compat_mode")
+        try:
+            gds = kvikio.cufile_driver.libcufile_version() if hasattr(kvikio, "cufile_driver") else None
+        except Exception:  # noqa: BLE001
+            gds = None
+        is_compat = kd.is_compat_mode_preferred() if hasattr(kd, "is_compat_mode_preferred") else compat
+        mode = ("compatibility mode (POSIX reads + pinned bounce buffers; no GPUDirect Storage)"
+                if is_compat else "GPUDirect Storage")
+        lines.append(f"kvikio mode   {mode}; compat_mode={compat}, libcufile={gds}")
+        lines.append(f"kvikio        num_threads={kd.get('num_threads')} (raised to our io threads "
+                     f"during reads), task_size={kd.get('task_size')}")
+    except Exception as exc:  # noqa: BLE001
+        lines.append(f"kvikio        unusable: {exc}")
+    return lines
+
+
+def print_info() -> None:
+    print("\n".join(info_lines()))
