@@ -1,0 +1,46 @@
+"""Shared fixtures: devices to run on, stores to read, a host copy of any array."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _gpu() -> bool:
+    try:
+        import cupy
+
+        return bool(cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+HAS_GPU = _gpu()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="no CUDA GPU available (cupy.cuda.is_available() is false)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip)
+
+
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
+def host(x):
+    """A NumPy copy of a numpy/cupy array."""
+    return x.get() if hasattr(x, "__cuda_array_interface__") else np.asarray(x)
+
+
+def expected_type(device: str) -> str:
+    return "cupy" if device == "gpu" else "numpy"
+
+
+def module_of(x) -> str:
+    return type(x).__module__.split(".")[0]

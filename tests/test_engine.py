@@ -1,0 +1,268 @@
+"""The read engine against zarr-python, exactly: codecs, formats, dtypes, selections, shards."""
+
+from __future__ import annotations
+
+import os
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from conftest import expected_type, host, module_of
+
+from cupy_xarray.device import resolve_device
+from cupy_xarray.engine import array_spec, describe, read_arrays
+from cupy_xarray.engine.plan import contiguous_span, normalize_selection, output_shape, plan_chunks
+from cupy_xarray.errors import ChunkError
+
+V2_COMPRESSORS = {
+    "none": None,
+    "zstd": numcodecs.Zstd(level=3),
+    "gzip": numcodecs.GZip(level=5),
+    "zlib": numcodecs.Zlib(level=5),
+    "lz4": numcodecs.LZ4(),
+    "blosc": numcodecs.Blosc(cname="lz4"),
+    "bz2": numcodecs.BZ2(),
+}
+V3_CODECS = {
+    "none": lambda: {"compressors": None},
+    "zstd": lambda: {"compressors": zarr.codecs.ZstdCodec(level=3)},
+    "zstd-checksum": lambda: {"compressors": zarr.codecs.ZstdCodec(level=1, checksum=True)},
+    "gzip": lambda: {"compressors": zarr.codecs.GzipCodec(level=4)},
+    "crc32c": lambda: {"compressors": zarr.codecs.Crc32cCodec()},
+    "zstd+crc32c": lambda: {"compressors": [zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()]},
+    "blosc": lambda: {"compressors": zarr.codecs.BloscCodec(cname="zstd")},
+    "big-endian": lambda: {"compressors": None, "serializer": zarr.codecs.BytesCodec(endian="big")},
+}
+SELECTIONS = [
+    (slice(None),),
+    (slice(2, 11, 3), 1, np.array([4, 0, 2])),
+    (5, slice(None), slice(1, 4)),
+    (np.array([12, 0, 5, 5]), np.array([6, 1]), slice(None)),
+    (slice(None, None, -2), slice(3, 4), 0),
+    (slice(4, 4), slice(None), slice(None)),
+]
+
+
+def _data(dtype, shape=(13, 7, 5), seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * 50
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "b":
+        return x > 0
+    # smooth-ish values compress; the noise keeps every byte exercised
+    return (x + np.arange(np.prod(shape)).reshape(shape) % 17).astype(dtype)
+
+
+def _check(arr, device, selections=SELECTIONS):
+    dev = resolve_device(device)
+    spec = array_spec(arr)
+    for sel in selections:
+        ref = arr.get_orthogonal_selection(
+            tuple(s.tolist() if isinstance(s, np.ndarray) else s for s in normalize_selection(sel, arr.shape))
+        )
+        (got,) = read_arrays([(spec, sel)], dev, batch_bytes=1000)
+        assert module_of(got) == expected_type(device) or spec.fallback and got.dtype.kind not in "biufc"
+        assert got.shape == ref.shape, (sel, describe(spec, dev))
+        np.testing.assert_array_equal(host(got), ref, err_msg=f"{sel} {describe(spec, dev)}")
+        assert host(got).dtype == ref.dtype.newbyteorder("=")
+    return spec
+
+
+@pytest.mark.parametrize("comp", list(V2_COMPRESSORS))
+@pytest.mark.parametrize("dtype", ["<f4", ">i8", "u1", "<c16", ">c8", "bool", "<u2"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_v2_parity(tmp_path, device, comp, dtype, order):
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=(13, 7, 5), chunks=(4, 3, 5), dtype=dtype, zarr_format=2,
+        compressors=V2_COMPRESSORS[comp], fill_value=0, order=order,
+    )
+    arr[:] = _data(dtype)
+    arr[4:8] = 0  # all-fill chunks are not written: missing chunks read as fill value
+    spec = _check(arr, device)
+    assert (spec.fallback is not None) == (comp in ("blosc", "bz2"))
+
+
+@pytest.mark.parametrize("codecs", list(V3_CODECS))
+@pytest.mark.parametrize("dtype", ["<f8", "int16", "u1", "complex64"])
+def test_v3_parity(tmp_path, device, codecs, dtype):
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=(13, 7, 5), chunks=(4, 3, 5), dtype=dtype, zarr_format=3,
+        fill_value=7, **V3_CODECS[codecs](),
+    )
+    arr[:] = _data(dtype)
+    arr[0:4] = 7
+    spec = _check(arr, device)
+    assert (spec.fallback is not None) == (codecs == "blosc")
+
+
+@pytest.mark.parametrize("numcodec", ["numcodecs.zlib", "numcodecs.lz4"])
+def test_v3_numcodecs(tmp_path, device, numcodec):
+    from zarr.codecs import numcodecs as zn
+
+    comp = zn.Zlib(level=3) if numcodec.endswith("zlib") else zn.LZ4()
+    arr = zarr.create_array(tmp_path / "a.zarr", shape=(40, 30), chunks=(16, 8), dtype="f4",
+                            zarr_format=3, compressors=comp)
+    arr[:] = _data("f4", (40, 30))
+    spec = _check(arr, device, [(slice(None),), (slice(3, 37, 5), np.array([29, 0, 8]))])
+    assert spec.fallback is None and spec.recipe.bytes_codecs == (numcodec.split(".")[1],)
+
+
+def test_transpose_codec(tmp_path, device):
+    arr = zarr.create_array(tmp_path / "a.zarr", shape=(13, 7, 5), chunks=(4, 4, 3), dtype="i4",
+                            filters=[zarr.codecs.TransposeCodec(order=(2, 0, 1))],
+                            compressors=zarr.codecs.ZstdCodec())
+    arr[:] = _data("i4", (13, 7, 5))
+    spec = _check(arr, device)
+    assert spec.recipe.transpose == (2, 0, 1)
+
+
+@pytest.mark.parametrize("location", ["end", "start"])
+@pytest.mark.parametrize("compressors", ["none", "zstd"])
+def test_sharding(tmp_path, device, location, compressors):
+    comp = zarr.codecs.ZstdCodec(checksum=True) if compressors == "zstd" else None
+    if location == "end":
+        kw = {"chunks": (4, 7), "shards": (8, 14), "compressors": comp}
+    else:
+        inner = [zarr.codecs.BytesCodec()] + ([comp] if comp else [])
+        kw = {"chunks": (8, 14), "compressors": None, "serializer": zarr.codecs.ShardingCodec(
+            chunk_shape=(4, 7), index_location=location, codecs=inner)}
+    arr = zarr.create_array(tmp_path / "a.zarr", shape=(37, 21), dtype="f8", fill_value=-1.0, **kw)
+    arr[:] = _data("f8", (37, 21))
+    arr[8:16, 0:14] = -1.0  # an empty shard, never written
+    arr[0:4, 0:7] = -1.0  # an empty inner chunk inside a written shard
+    spec = _check(arr, device, SELECTIONS[:1] + [(slice(1, 36, 3), np.array([20, 0, 7, 13])), (9, slice(None))])
+    assert spec.shard is not None and spec.shard.index_at_start == (location == "start")
+
+
+def test_zero_d_and_empty(tmp_path, device):
+    a = zarr.create_array(tmp_path / "a.zarr", shape=(), dtype="f4", compressors=None)
+    a[()] = 3.5
+    _check(a, device, [()])
+    b = zarr.create_array(tmp_path / "b.zarr", shape=(0, 4), chunks=(2, 2), dtype="f4")
+    _check(b, device, [(slice(None),)])
+
+
+def test_many_arrays_one_call(tmp_path, device):
+    arrays, specs = [], []
+    for i, comp in enumerate([None, zarr.codecs.ZstdCodec(), zarr.codecs.GzipCodec()]):
+        a = zarr.create_array(tmp_path / f"{i}.zarr", shape=(50, 20), chunks=(7, 20), dtype="f4",
+                              compressors=comp)
+        a[:] = _data("f4", (50, 20), seed=i)
+        arrays.append(a)
+        specs.append(array_spec(a))
+    outs = read_arrays([(s, (slice(None),)) for s in specs], resolve_device(device), batch_bytes=3000)
+    for a, o in zip(arrays, outs):
+        np.testing.assert_array_equal(host(o), a[:])
+
+
+def test_direct_reads_land_in_output(tmp_path):
+    """Whole row-chunks of an uncompressed array are read straight into the output."""
+    from cupy_xarray.engine import reader
+
+    a = zarr.create_array(tmp_path / "a.zarr", shape=(40, 6), chunks=(8, 6), dtype="f4", compressors=None)
+    a[:] = _data("f4", (40, 6))
+    spec = array_spec(a)
+    pieces = plan_chunks(normalize_selection((slice(None),), a.shape), a.shape, spec.chunks)
+    tasks, missing = reader._locate(spec, pieces, 0)
+    for t in tasks:
+        reader._plan_direct(t, a.shape)
+    assert missing == 0 and all(t.direct is not None for t in tasks)
+    (got,) = read_arrays([(spec, (slice(None),))], resolve_device("cpu"))
+    np.testing.assert_array_equal(got, a[:])
+
+
+# -- planning, pure Python -------------------------------------------------------------------
+
+
+def test_plan_covers_every_output_element_once():
+    shape, chunks = (23, 9), (5, 4)
+    sel = normalize_selection((slice(1, 22, 4), np.array([8, 0, 3, 3, 7])), shape)
+    oshape = output_shape(sel, shape)
+    seen = np.zeros(oshape, int)
+    for p in plan_chunks(sel, shape, chunks):
+        seen[np.ix_(*[np.arange(oshape[i])[s] for i, s in enumerate(p.out_sel)])] += 1
+    assert (seen == 1).all()
+
+
+def test_contiguous_span():
+    assert contiguous_span((4, 5, 6), (slice(1, 3), slice(0, 5), slice(0, 6))) == (30, 60)
+    assert contiguous_span((4, 5, 6), (2, 3, slice(1, 4))) == (2 * 30 + 3 * 6 + 1, 3)
+    assert contiguous_span((4, 5, 6), (slice(1, 3), slice(0, 4), slice(0, 6))) is None
+    assert contiguous_span((4, 5), (slice(0, 4, 2), slice(0, 5))) is None
+
+
+def test_selection_errors():
+    with pytest.raises(IndexError, match="out of bounds"):
+        normalize_selection((5,), (5,))
+    with pytest.raises(IndexError, match="too many"):
+        normalize_selection((1, 2), (5,))
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+def _one_chunk_store(tmp_path, compressors, zarr_format=3):
+    a = zarr.create_array(tmp_path / "bad.zarr", shape=(64,), chunks=(32,), dtype="f8",
+                          compressors=compressors, zarr_format=zarr_format)
+    a[:] = np.arange(64.0)
+    key = a.metadata.encode_chunk_key((1,))
+    return a, os.path.join(str(tmp_path / "bad.zarr"), key)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "directory", "empty"])
+@pytest.mark.parametrize("comp", ["none", "zstd", "gzip"])
+def test_corrupt_chunk_names_array_and_chunk(tmp_path, device, damage, comp):
+    if comp == "none" and damage == "garbage":
+        pytest.skip("random bytes of the right length are valid uncompressed data")
+    compressors = {"none": None, "zstd": zarr.codecs.ZstdCodec(), "gzip": zarr.codecs.GzipCodec()}[comp]
+    a, path = _one_chunk_store(tmp_path, compressors)
+    raw = open(path, "rb").read()
+    if damage == "directory":
+        os.remove(path)
+        os.mkdir(path)
+    else:
+        body = {"truncate": raw[: len(raw) // 2], "empty": b"",
+                "garbage": bytes(np.random.default_rng(1).integers(0, 256, len(raw), dtype=np.uint8))}[damage]
+        open(path, "wb").write(body)
+    spec = array_spec(a)
+    with pytest.raises(ChunkError) as info:
+        read_arrays([(spec, (slice(None),))], resolve_device(device))
+    assert "c/1" in str(info.value) and info.value.path == path
+    # the next valid read works
+    (ok,) = read_arrays([(spec, (slice(0, 32),))], resolve_device(device))
+    np.testing.assert_array_equal(host(ok), np.arange(32.0))
+
+
+def test_crc32c_mismatch(tmp_path, device):
+    a, path = _one_chunk_store(tmp_path, [zarr.codecs.Crc32cCodec()])
+    raw = bytearray(open(path, "rb").read())
+    raw[3] ^= 0xFF
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(ChunkError, match="crc32c"):
+        read_arrays([(array_spec(a), (slice(None),))], resolve_device(device))
+
+
+def test_shard_index_past_end(tmp_path, device):
+    a = zarr.create_array(tmp_path / "s.zarr", shape=(16,), chunks=(4,), shards=(16,), dtype="i4",
+                          compressors=None)
+    a[:] = np.arange(16)
+    path = os.path.join(str(tmp_path / "s.zarr"), "c", "0")
+    import crc32c
+
+    raw = open(path, "rb").read()
+    index = np.frombuffer(raw[-68:-4], dtype="<u8").copy()
+    index[2] = 10**6  # first inner chunk's offset, far past the end of the file
+    body = index.tobytes()
+    open(path, "wb").write(raw[:-68] + body + crc32c.crc32c(body).to_bytes(4, "little"))
+    with pytest.raises(ChunkError, match="shard"):
+        read_arrays([(array_spec(a), (slice(None),))], resolve_device(device))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
+def test_permission_denied(tmp_path):
+    a, path = _one_chunk_store(tmp_path, None)
+    os.chmod(path, 0)
+    with pytest.raises(ChunkError, match="permission"):
+        read_arrays([(array_spec(a), (slice(None),))], resolve_device("cpu"))
