@@ -32,8 +32,10 @@ def demo(device: str | None = None) -> int:
     if device == "gpu":
         back = air.cupy.as_numpy()
         again = back.cupy.as_cupy()
-        print(f"round trip numpy -> cupy: is_cupy={again.cupy.is_cupy}, "
-              f"equal={np.array_equal(again.cupy.get(), ref.values)}")
+        print(
+            f"round trip numpy -> cupy: is_cupy={again.cupy.is_cupy}, "
+            f"equal={np.array_equal(again.cupy.get(), ref.values)}"
+        )
     print(f"device used: {device}")
     return 0 if same else 1
 

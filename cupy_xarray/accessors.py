@@ -32,17 +32,25 @@ def _data_is_cupy(var: xr.Variable) -> bool:
 def _to_cupy(data: Any) -> Any:
     cupy = require_gpu()
     if _is_dask(data):
-        return data.map_blocks(cupy.asarray, dtype=data.dtype, meta=cupy.empty((0,) * data.ndim, dtype=data.dtype))
+        meta = cupy.empty((0,) * data.ndim, dtype=data.dtype)
+        return data.map_blocks(cupy.asarray, dtype=data.dtype, meta=meta)
     return cupy.asarray(data)
 
 
-def _to_numpy(data: Any) -> Any:
-    def host(block):
-        return block.get() if is_cupy_array(block) else np.asarray(block)
+def _block_to_host(block: Any) -> np.ndarray:
+    return block.get() if is_cupy_array(block) else np.asarray(block)
 
+
+def _to_numpy(data: Any) -> Any:
     if _is_dask(data):
-        return data.map_blocks(host, dtype=data.dtype, meta=np.empty((0,) * data.ndim, dtype=data.dtype))
-    return np.array(host(data), copy=True)
+        meta = np.empty((0,) * data.ndim, dtype=data.dtype)
+        return data.map_blocks(_block_to_host, dtype=data.dtype, meta=meta)
+    return np.array(_block_to_host(data), copy=True)
+
+
+def _convert_var(var: xr.Variable, fn) -> xr.Variable:
+    data = var._data if _is_dask(var._data) or is_cupy_array(var._data) else var.values
+    return var.copy(deep=False, data=fn(data))
 
 
 @xr.register_dataarray_accessor("cupy")
@@ -66,11 +74,12 @@ class CupyDataArrayAccessor:
             Also move non-index coordinates (index coordinates always stay pandas indexes).
         """
         da = self._da
-        out = da.copy(deep=False, data=_to_cupy(da.variable._data if _is_dask(da.variable._data) else da.data))
+        data = da.variable._data if _is_dask(da.variable._data) else da.data
+        out = da.copy(deep=False, data=_to_cupy(data))
         if coords:
             for name, coord in da.coords.items():
                 if name not in da.indexes:
-                    out = out.assign_coords({name: coord.cupy.as_cupy()})
+                    out = out.assign_coords({name: _convert_var(coord.variable, _to_cupy)})
         return out
 
     def as_numpy(self) -> xr.DataArray:
@@ -79,8 +88,9 @@ class CupyDataArrayAccessor:
         data = da.variable._data if _is_dask(da.variable._data) else da.data
         out = da.copy(deep=False, data=_to_numpy(data))
         for name, coord in da.coords.items():
-            if name not in da.indexes and (is_cupy_array(coord.variable._data) or _is_dask(coord.variable._data)):
-                out = out.assign_coords({name: coord.cupy.as_numpy()})
+            cdata = coord.variable._data
+            if name not in da.indexes and (is_cupy_array(cdata) or _is_dask(cdata)):
+                out = out.assign_coords({name: _convert_var(coord.variable, _to_numpy)})
         return out
 
     def get(self) -> np.ndarray:

@@ -19,8 +19,7 @@ import numpy as np
 from .errors import MissingGPUPackageError, NoGPUError
 
 _EXTRA_HINT = (
-    "install the GPU extra for your CUDA major version: "
-    "pip install 'cupy-xarray[cuda13]' (or [cuda12])"
+    "install the GPU extra for your CUDA major version: pip install 'cupy-xarray[cuda13]' (or [cuda12])"
 )
 _CPU_HINT = "pass device='cpu' (or use .cupy.as_numpy()) to stay on the CPU"
 
@@ -175,9 +174,7 @@ def resolve_device(device: Any = "gpu", threads: int | None = None) -> Device | 
 
     if isinstance(device, BufferPrototype):
         return PrototypeDevice(device)
-    raise TypeError(
-        f"device must be 'gpu', 'cpu' or a zarr BufferPrototype, got {type(device).__name__}"
-    )
+    raise TypeError(f"device must be 'gpu', 'cpu' or a zarr BufferPrototype, got {type(device).__name__}")
 
 
 def buffer_prototype(device: Device | PrototypeDevice):

@@ -24,9 +24,16 @@ def info_lines() -> list[str]:
         f"cupy_xarray   {__version__}",
         f"python        {sys.version.split()[0]} ({platform.platform()})",
     ]
-    for name, module in [("xarray", "xarray"), ("zarr", "zarr"), ("numpy", "numpy"),
-                         ("numcodecs", "numcodecs"), ("dask", "dask"), ("cupy", "cupy"),
-                         ("kvikio", "kvikio"), ("nvCOMP", "nvidia.nvcomp")]:
+    for name, module in [
+        ("xarray", "xarray"),
+        ("zarr", "zarr"),
+        ("numpy", "numpy"),
+        ("numcodecs", "numcodecs"),
+        ("dask", "dask"),
+        ("cupy", "cupy"),
+        ("kvikio", "kvikio"),
+        ("nvCOMP", "nvidia.nvcomp"),
+    ]:
         lines.append(f"{name:<13} {_version(module)}")
     lines.append(f"io threads    {default_threads()} (CUPY_XARRAY_THREADS or threads=)")
     if not gpu_available():
@@ -50,11 +57,16 @@ def info_lines() -> list[str]:
         except Exception:  # noqa: BLE001
             gds = None
         is_compat = kd.is_compat_mode_preferred() if hasattr(kd, "is_compat_mode_preferred") else compat
-        mode = ("compatibility mode (POSIX reads + pinned bounce buffers; no GPUDirect Storage)"
-                if is_compat else "GPUDirect Storage")
+        mode = (
+            "compatibility mode (POSIX reads + pinned bounce buffers; no GPUDirect Storage)"
+            if is_compat
+            else "GPUDirect Storage"
+        )
         lines.append(f"kvikio mode   {mode}; compat_mode={compat}, libcufile={gds}")
-        lines.append(f"kvikio        num_threads={kd.get('num_threads')} (raised to our io threads "
-                     f"during reads), task_size={kd.get('task_size')}")
+        lines.append(
+            f"kvikio        num_threads={kd.get('num_threads')} (raised to our io threads "
+            f"during reads), task_size={kd.get('task_size')}"
+        )
     except Exception as exc:  # noqa: BLE001
         lines.append(f"kvikio        unusable: {exc}")
     return lines

@@ -21,10 +21,18 @@ def make_dataset(ntime: int = 120, nlat: int = 25, nlon: int = 53) -> xr.Dataset
     lo = np.deg2rad(lon)[None, None, :]
     air = 273.15 + 30 * np.cos(la) - 10 * np.cos(2 * np.pi * t / 4) * np.sin(la) + 5 * np.sin(3 * lo)
     ds = xr.Dataset(
-        {"air": (("time", "lat", "lon"), air.astype("float32"),
-                 {"long_name": "4xDaily Air temperature at sigma level 995", "units": "degK"})},
-        coords={"time": time, "lat": ("lat", lat, {"units": "degrees_north"}),
-                "lon": ("lon", lon, {"units": "degrees_east"})},
+        {
+            "air": (
+                ("time", "lat", "lon"),
+                air.astype("float32"),
+                {"long_name": "4xDaily Air temperature at sigma level 995", "units": "degK"},
+            )
+        },
+        coords={
+            "time": time,
+            "lat": ("lat", lat, {"units": "degrees_north"}),
+            "lon": ("lon", lon, {"units": "degrees_east"}),
+        },
         attrs={"title": "synthetic air temperature (cupy-xarray sample)"},
     )
     return ds

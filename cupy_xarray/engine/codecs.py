@@ -128,9 +128,7 @@ class GPUCodecs:
         cache = self._local.__dict__.setdefault("codecs", {})
         if algo not in cache:
             nv = self._nvcomp
-            cache[algo] = nv.Codec(
-                algorithm=NVCOMP_ALGORITHMS[algo], bitstream_kind=nv.BitstreamKind.RAW
-            )
+            cache[algo] = nv.Codec(algorithm=NVCOMP_ALGORITHMS[algo], bitstream_kind=nv.BitstreamKind.RAW)
         return cache[algo]
 
     def _decode(self, algo: str, srcs: list[Any]) -> Decoded:

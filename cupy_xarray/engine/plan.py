@@ -144,9 +144,7 @@ def plan_chunks(
     return pieces
 
 
-def contiguous_span(
-    shape: tuple[int, ...], sel: tuple[Index, ...]
-) -> tuple[int, int] | None:
+def contiguous_span(shape: tuple[int, ...], sel: tuple[Index, ...]) -> tuple[int, int] | None:
     """(first element, element count) if ``sel`` picks one C-contiguous run of ``shape``.
 
     ``sel`` holds ints and step-1 slices (anything else returns None).

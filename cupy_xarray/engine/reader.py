@@ -78,11 +78,11 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
                 missing += 1
                 continue
             except OSError as exc:
-                raise ChunkError(f"cannot stat chunk: {exc}", array=spec.name, chunk=key,
-                                 path=path) from exc
+                raise ChunkError(f"cannot stat chunk: {exc}", array=spec.name, chunk=key, path=path) from exc
             if stat.S_ISDIR(st.st_mode):
-                raise ChunkError("chunk path is a directory, not a file", array=spec.name,
-                                 chunk=key, path=path)
+                raise ChunkError(
+                    "chunk path is a directory, not a file", array=spec.name, chunk=key, path=path
+                )
             tasks.append(_Task(out, spec, p, path, key, 0, st.st_size))
         return tasks, missing
     per_shard = spec.shard.chunks_per_shard(spec.chunks)

@@ -51,8 +51,5 @@ def scatter(xp: Any, out: Any, out_sel: tuple, part: Any) -> None:
         index = tuple(s if isinstance(s, slice) else xp.asarray(s) for s in out_sel)
         out[index] = part
         return
-    full = [
-        np.arange(*s.indices(out.shape[i])) if isinstance(s, slice) else s
-        for i, s in enumerate(out_sel)
-    ]
+    full = [np.arange(*s.indices(out.shape[i])) if isinstance(s, slice) else s for i, s in enumerate(out_sel)]
     out[xp.ix_(*[xp.asarray(f) for f in full])] = part

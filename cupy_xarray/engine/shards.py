@@ -44,7 +44,9 @@ def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarr
         if size < nbytes:
             raise ChunkError(
                 f"shard is {size} bytes, shorter than its {nbytes}-byte index (truncated?)",
-                array=spec.name, chunk=key, path=path,
+                array=spec.name,
+                chunk=key,
+                path=path,
             )
         offset = 0 if layout.index_at_start else size - nbytes
         raw = os.pread(fd, nbytes, offset)
@@ -57,8 +59,9 @@ def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarr
     if layout.index_crc32c:
         body, stored = raw[:-4], int.from_bytes(raw[-4:], "little")
         if _crc32c(body) != stored:
-            raise ChunkError("shard index crc32c mismatch (corrupt shard)",
-                             array=spec.name, chunk=key, path=path)
+            raise ChunkError(
+                "shard index crc32c mismatch (corrupt shard)", array=spec.name, chunk=key, path=path
+            )
         raw = body
     index = np.frombuffer(raw, dtype="<u8").astype(np.uint64).reshape(per_shard + (2,))
     offsets, lengths = index[..., 0], index[..., 1]
@@ -67,6 +70,8 @@ def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarr
     if ends.size and (ends.max() > size or (offsets[present] > size).any()):
         raise ChunkError(
             f"shard index points past the end of the {size}-byte shard file (corrupt shard)",
-            array=spec.name, chunk=key, path=path,
+            array=spec.name,
+            chunk=key,
+            path=path,
         )
     return index

@@ -204,8 +204,9 @@ def _spec_v2(array: Any, dtype: np.dtype):
     byteorder = dtype.byteorder if dtype.itemsize > 1 else "|"
     if byteorder == "=":
         byteorder = "<" if np.little_endian else ">"
-    recipe = ChunkRecipe(chunks, _native(dtype), byteorder, meta.order, None,
-                         _bytes_codecs_decode_order(names))
+    recipe = ChunkRecipe(
+        chunks, _native(dtype), byteorder, meta.order, None, _bytes_codecs_decode_order(names)
+    )
     return chunks, recipe, None
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install the project with its test extra into a fresh virtual environment per Python
+# (3.11 with zarr 3.1.x, 3.12 with the newest zarr), then run ruff and the test suite.
+# GPU tests skip cleanly where no CUDA device is available.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pythons=()
+for v in 3.11 3.12; do
+  if command -v "python$v" >/dev/null 2>&1 && "python$v" -c '' 2>/dev/null; then
+    pythons+=("$(command -v "python$v")")
+  elif command -v pyenv >/dev/null 2>&1 && p=$(ls -d "$(pyenv root)"/versions/$v.*/bin/python 2>/dev/null | sort -V | tail -1) && [ -n "$p" ]; then
+    pythons+=("$p")
+  fi
+done
+[ ${#pythons[@]} -gt 0 ] || { echo "no Python 3.11 or 3.12 found" >&2; exit 1; }
+status=0
+for py in "${pythons[@]}"; do
+  venv=$(mktemp -d /tmp/cupy-xarray-venv.XXXXXX)
+  echo "== $("$py" --version) in $venv"
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+  "$venv/bin/python" -m pip install -q -e ".[test]" 2>&1 | grep -v '^WARNING: Location' || true
+  "$venv/bin/python" -c "import zarr, xarray; print('zarr', zarr.__version__, 'xarray', xarray.__version__)"
+  "$venv/bin/python" -m ruff check cupy_xarray tests benchmarks || status=1
+  set +e
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests
+  rc=$?
+  set -e
+  # exit code 5 (no tests collected) is a failure too
+  [ $rc -eq 0 ] || { echo "pytest exited $rc on $py"; status=1; }
+  rm -rf "$venv"
+done
+exit $status
