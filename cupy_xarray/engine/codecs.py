@@ -156,15 +156,20 @@ class GPUCodecs:
             raise DecodeFailure(0, f"nvCOMP {algo} batch decode failed: {batch_exc}") from batch_exc
 
 
+def crc32c_value(data: Any) -> int:
+    """CRC-32C (Castagnoli) of a host buffer, as zarr's ``crc32c`` codec computes it."""
+    import google_crc32c
+
+    return int(google_crc32c.value(bytes(memoryview(data))))
+
+
 def crc32c_strip(xp: Any, data: Any) -> Any:
     """Check and remove a trailing little-endian crc32c; raise ValueError on mismatch."""
-    import crc32c
-
     if len(data) < 4:
         raise ValueError("too short to hold a crc32c checksum")
     host = data.get() if xp.__name__ == "cupy" else data
     host = np.ascontiguousarray(host)
     stored = int.from_bytes(host[-4:].tobytes(), "little")
-    if crc32c.crc32c(memoryview(host[:-4])) != stored:
+    if crc32c_value(host[:-4]) != stored:
         raise ValueError("crc32c checksum mismatch (corrupt chunk)")
     return data[:-4]

@@ -11,15 +11,10 @@ import os
 import numpy as np
 
 from ..errors import ChunkError
+from .codecs import crc32c_value
 from .spec import ArraySpec
 
 EMPTY = np.uint64(2**64 - 1)
-
-
-def _crc32c(data: bytes) -> int:
-    import crc32c
-
-    return crc32c.crc32c(data)
 
 
 def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarray | None:
@@ -58,7 +53,7 @@ def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarr
         raise ChunkError("short read of shard index", array=spec.name, chunk=key, path=path)
     if layout.index_crc32c:
         body, stored = raw[:-4], int.from_bytes(raw[-4:], "little")
-        if _crc32c(body) != stored:
+        if crc32c_value(body) != stored:
             raise ChunkError(
                 "shard index crc32c mismatch (corrupt shard)", array=spec.name, chunk=key, path=path
             )
