@@ -12,6 +12,8 @@ import logging
 import math
 import os
 import stat
+import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +31,28 @@ from .spec import ArraySpec
 log = logging.getLogger("cupy_xarray")
 
 DEFAULT_BATCH_BYTES = 512 * 2**20
+#: seconds spent per phase by the last read_arrays call in this process (set
+#: CUPY_XARRAY_PROFILE=1 to synchronize the device between phases for exact figures)
+last_read_stats: dict[str, float] = {}
+
+
+class _Clock:
+    def __init__(self, device) -> None:
+        self.device = device
+        self.exact = os.environ.get("CUPY_XARRAY_PROFILE") == "1"
+        self.stats: dict[str, float] = defaultdict(float)
+        self.t = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.exact and isinstance(self.device, Device):
+            self.device.synchronize()
+        now = time.perf_counter()
+        self.stats[phase] += now - self.t
+        self.t = now
+
+
 _ALIGN = 256
-_MAX_OPS = 256
+_MAX_OPS = 192
 
 
 @dataclass
@@ -131,7 +153,7 @@ def _check_size(task: _Task) -> None:
 def _batches(tasks: list[_Task], batch_bytes: int) -> list[list[_Task]]:
     batches, cur, size = [], [], 0
     for t in tasks:
-        n = t.direct[1] if t.direct else t.nbytes + t.spec.recipe.nbytes
+        n = 0 if t.direct else t.nbytes + t.spec.recipe.nbytes
         if cur and (size + n > batch_bytes or len(cur) >= _MAX_OPS):
             batches.append(cur)
             cur, size = [], 0
@@ -162,7 +184,7 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
     return session.submit(ops), staging
 
 
-def _decode_group(tasks: list[_Task], device: Device) -> None:
+def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
     """Run one recipe's byte codecs over a group of staged tasks, in batched calls."""
     recipe = tasks[0].spec.recipe
     xp = device.xp
@@ -182,6 +204,7 @@ def _decode_group(tasks: list[_Task], device: Device) -> None:
                 raw.append(deframe(name, t.data))
             except FramingError as exc:
                 raise t.error(f"{exc} (corrupt chunk)") from exc
+        clock.lap("decode prep")
         try:
             decoded = device.codecs.decode(name, raw, [expected] * len(raw))
         except DecodeFailure as exc:
@@ -191,9 +214,10 @@ def _decode_group(tasks: list[_Task], device: Device) -> None:
                 raise t.error(f"{name} stream decoded to {len(d)} bytes, expected {expected}")
             t.data = d
         tasks[0]._owner = decoded  # keep nvCOMP's output alive until scattered
+        clock.lap(f"decode {name}")
 
 
-def _finish(batch: list[_Task], outs: list, device: Device) -> None:
+def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock) -> None:
     staged = [t for t in batch if t.direct is None]
     groups: dict[int, list[_Task]] = {}
     for t in staged:
@@ -201,13 +225,14 @@ def _finish(batch: list[_Task], outs: list, device: Device) -> None:
     xp = device.xp
     for group in groups.values():
         if group[0].spec.recipe.bytes_codecs:
-            _decode_group(group, device)
+            _decode_group(group, device, clock)
         for t in group:
             recipe = t.spec.recipe
             if len(t.data) < recipe.nbytes:
                 raise t.error(f"chunk holds {len(t.data)} bytes, expected {recipe.nbytes}")
             chunk = bytes_to_chunk(xp, t.data, recipe)
             scatter(xp, outs[t.out], t.piece.out_sel, select(xp, chunk, t.piece.chunk_sel))
+        clock.lap("scatter")
         for t in group:
             t.data = None
             t.__dict__.pop("_owner", None)
@@ -254,6 +279,7 @@ def read_arrays(
     """
     outs: list[Any] = [None] * len(requests)
     tasks: list[_Task] = []
+    clock = _Clock(device)
     for i, (spec, selection) in enumerate(requests):
         nsel = normalize_selection(selection, spec.shape)
         if isinstance(device, PrototypeDevice) or spec.fallback:
@@ -272,6 +298,7 @@ def read_arrays(
             _check_size(t)
             _plan_direct(t, oshape)
         tasks.extend(found)
+    clock.lap("plan")
     if not tasks:
         return outs
     batches = _batches(tasks, batch_bytes)
@@ -289,10 +316,13 @@ def read_arrays(
                 for b, batch in enumerate(batches):
                     if b + 1 < len(batches):
                         pending.append(_submit(session, batches[b + 1], outs, device))
+                    clock.lap("submit")
                     waiter, _staging = pending.pop(0)
                     waiter.wait()
-                    _finish(batch, outs, device)
+                    clock.lap("io wait")
+                    _finish(batch, outs, device, clock)
                     device.synchronize()  # staging memory is reused by the next batch's reads
+                    clock.lap("sync")
                     if bar is not None:
                         bar.update(sum(t.direct[1] if t.direct else t.nbytes for t in batch))
             except BaseException:
@@ -311,6 +341,9 @@ def read_arrays(
             t.__dict__.pop("_owner", None)
         if bar is not None:
             bar.close()
+        last_read_stats.clear()
+        last_read_stats.update(clock.stats)
+        log.debug("read phases (s): %s", {k: round(v, 4) for k, v in clock.stats.items()})
     return outs
 
 

@@ -1,0 +1,87 @@
+"""Where does an engine read spend its time? Phase timings for a few chunkings and batch sizes.
+
+Usage (GPU machine): ``python benchmarks/profile_read.py --dir /tmp/prof``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUPY_XARRAY_PROFILE", "1")
+
+
+def main() -> None:
+    import cupy
+    import xarray as xr
+    from read_throughput import smooth_field
+
+    from cupy_xarray.backend import KvikioBackendArray
+    from cupy_xarray.cf import find_backend_array
+    from cupy_xarray.device import resolve_device
+    from cupy_xarray.engine import read_arrays, reader
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", default="/tmp/cupy-xarray-prof")
+    ap.add_argument("--gib", type=float, default=1.0)
+    args = ap.parse_args()
+    root = Path(args.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    import zarr
+
+    n = int(args.gib * 256)
+    data = smooth_field((n, 1024, 1024))
+    for label, chunks, comp in [
+        ("zstd-4MiB", (1, 1024, 1024), zarr.codecs.ZstdCodec(level=1)),
+        ("zstd-1MiB", (1, 512, 512), zarr.codecs.ZstdCodec(level=1)),
+        ("none-4MiB", (1, 1024, 1024), None),
+    ]:
+        path = root / f"{label}.zarr"
+        if not path.exists():
+            xr.Dataset({"f": (("t", "y", "x"), data)}).to_zarr(
+                path, zarr_format=3, encoding={"f": {"chunks": chunks, "compressors": comp}}
+            )
+        ds = xr.open_dataset(path, engine="kvikio")
+        spec = find_backend_array(ds.f.variable._data, KvikioBackendArray).spec
+        dev = resolve_device("gpu", 16)
+        for batch in (256 * 2**20, 1024 * 2**20, 4096 * 2**20):
+            read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)  # warm
+            t0 = time.perf_counter()
+            (out,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)
+            cupy.cuda.Device().synchronize()
+            dt = time.perf_counter() - t0
+            del out
+            stats = {k: round(v * 1e3, 1) for k, v in reader.last_read_stats.items()}
+            print(
+                f"{label} batch {batch >> 20} MiB: {data.nbytes / dt / 1e9:6.2f} GB/s "
+                f"({dt * 1e3:.0f} ms) phases ms {stats}",
+                flush=True,
+            )
+    # nvCOMP alone on the zstd chunks, already in GPU memory
+    from nvidia import nvcomp
+
+    for label in ("zstd-4MiB", "zstd-1MiB"):
+        files = sorted(
+            p for p in (root / f"{label}.zarr" / "f").rglob("*") if p.is_file() and p.name != "zarr.json"
+        )
+        bufs = [cupy.asarray(bytearray(p.read_bytes())) for p in files]
+        bufs = [cupy.frombuffer(b, dtype=cupy.uint8) if False else b.view(cupy.uint8) for b in bufs]
+        codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
+        for k in (len(bufs), min(len(bufs), 128)):
+            batch = nvcomp.as_arrays(bufs[:k])
+            out = codec.decode(batch)
+            _ = out[0]
+            cupy.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            out = codec.decode(batch)
+            _ = out[0]
+            cupy.cuda.Device().synchronize()
+            dt = time.perf_counter() - t0
+            nbytes = sum(int(cupy.asarray(o).nbytes) for o in out)
+            print(f"nvCOMP alone {label} x{k}: {nbytes / dt / 1e9:6.2f} GB/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
