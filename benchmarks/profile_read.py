@@ -63,11 +63,10 @@ def main() -> None:
     from nvidia import nvcomp
 
     for label in ("zstd-4MiB", "zstd-1MiB"):
-        files = sorted(
-            p for p in (root / f"{label}.zarr" / "f").rglob("*") if p.is_file() and p.name != "zarr.json"
-        )
-        bufs = [cupy.asarray(bytearray(p.read_bytes())) for p in files]
-        bufs = [cupy.frombuffer(b, dtype=cupy.uint8) if False else b.view(cupy.uint8) for b in bufs]
+        import numpy as np
+
+        files = sorted((root / f"{label}.zarr" / "f" / "c").rglob("*"))
+        bufs = [cupy.asarray(np.frombuffer(p.read_bytes(), np.uint8)) for p in files if p.is_file()]
         codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
         for k in (len(bufs), min(len(bufs), 128)):
             batch = nvcomp.as_arrays(bufs[:k])
