@@ -57,6 +57,48 @@ def deframe(name: str, data: Any) -> Any:
     return data
 
 
+def _zstd_content_size(head: bytes) -> int | None:
+    """The frame content size a zstd frame header declares, or None if it has none."""
+    fhd = head[4]
+    fcs_flag, single = fhd >> 6, (fhd >> 5) & 1
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    size = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if size == 0:
+        return None
+    value = int.from_bytes(head[pos : pos + size], "little")
+    return value + 256 if size == 2 else value
+
+
+def check_frame(name: str, head: bytes, tail: bytes, expected: int) -> str | None:
+    """Cheap host-side sanity check of a compressed stream before it reaches the GPU.
+
+    ``head`` holds the stream's first 32 bytes (fewer if shorter), ``tail`` its last 4.
+    nvCOMP can fault on streams that are not what they claim to be; random bytes, wrong
+    codecs and truncated gzip members are refused here with a message instead.
+    Returns None when the stream looks right, else what is wrong.
+    """
+    if name == "zstd":
+        if head[:4] != b"\x28\xb5\x2f\xfd":
+            return "not a zstd frame (bad magic number)"
+        declared = _zstd_content_size(head)
+        if declared is not None and declared != expected:
+            return f"zstd frame declares {declared} bytes, expected {expected}"
+    elif name == "gzip":
+        if head[:3] != b"\x1f\x8b\x08":
+            return "not a gzip member (bad magic number)"
+        if int.from_bytes(tail, "little") != expected % 2**32:
+            return "gzip trailer size does not match the chunk (truncated or corrupt)"
+    elif name == "zlib":
+        cmf, flg = head[0], head[1]
+        if cmf & 0x0F != 8 or (cmf * 256 + flg) % 31 or flg & 0x20:
+            return "not a zlib stream (bad header)"
+    elif name == "lz4":
+        declared = int.from_bytes(head[:4], "little")
+        if declared != expected:
+            return f"lz4 size prefix says {declared} bytes, expected {expected}"
+    return None
+
+
 class Decoded(list):
     """Decoded buffers, with whatever owns their memory kept alive beside them."""
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkError
-from .codecs import DecodeFailure, FramingError, crc32c_strip, deframe
+from .codecs import DecodeFailure, FramingError, check_frame, crc32c_strip, deframe
 from .io import ReadOp
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
 from .scatter import bytes_to_chunk, scatter, select
@@ -30,7 +30,7 @@ from .spec import ArraySpec
 
 log = logging.getLogger("cupy_xarray")
 
-DEFAULT_BATCH_BYTES = 512 * 2**20
+DEFAULT_BATCH_BYTES = 1024 * 2**20
 #: seconds spent per phase by the last read_arrays call in this process (set
 #: CUPY_XARRAY_PROFILE=1 to synchronize the device between phases for exact figures)
 last_read_stats: dict[str, float] = {}
@@ -52,7 +52,20 @@ class _Clock:
 
 
 _ALIGN = 256
-_MAX_OPS = 192
+
+
+def _max_ops() -> int:
+    """Chunk reads per batch: nvCOMP wants big batches; each open file holds descriptors."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    # two batches in flight, kvikio opens each file twice
+    return max(64, min(4096, (soft - 128) // 5))
 
 
 @dataclass
@@ -67,7 +80,9 @@ class _Task:
     offset: int
     nbytes: int
     direct: tuple[int, int, int] | None = None  # (file offset, nbytes, output byte offset)
+    copy: tuple[int, int, int] | None = None  # decoded bytes -> output: (src off, n, dst off)
     data: Any = field(default=None, repr=False)
+    stage: int = 0  # byte offset of data in its batch's staging buffer
 
     def error(self, msg: str) -> ChunkError:
         return ChunkError(msg, array=self.spec.name, chunk=self.key, path=self.path)
@@ -127,14 +142,20 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
 def _plan_direct(task: _Task, out_shape: tuple[int, ...]) -> None:
     """Mark a task for a read straight into the output when its bytes are contiguous there."""
     recipe = task.spec.recipe
-    if not recipe.is_raw:
+    c_order = (
+        recipe.transpose is None and not recipe.needs_swap and (recipe.order == "C" or len(recipe.shape) <= 1)
+    )
+    if not c_order:
         return
     src = contiguous_span(recipe.shape, task.piece.chunk_sel)
     dst = contiguous_span(out_shape, task.piece.out_sel)
     if src is None or dst is None or src[1] != dst[1]:
         return
     size = recipe.dtype.itemsize
-    task.direct = (task.offset + src[0] * size, src[1] * size, dst[0] * size)
+    if recipe.is_raw:
+        task.direct = (task.offset + src[0] * size, src[1] * size, dst[0] * size)
+    else:  # decoded bytes are copied straight into the output, no indexing
+        task.copy = (src[0] * size, src[1] * size, dst[0] * size)
 
 
 def _check_size(task: _Task) -> None:
@@ -152,9 +173,10 @@ def _check_size(task: _Task) -> None:
 
 def _batches(tasks: list[_Task], batch_bytes: int) -> list[list[_Task]]:
     batches, cur, size = [], [], 0
+    max_ops = _max_ops()
     for t in tasks:
-        n = 0 if t.direct else t.nbytes + t.spec.recipe.nbytes
-        if cur and (size + n > batch_bytes or len(cur) >= _MAX_OPS):
+        n = 0 if t.direct else t.spec.recipe.nbytes
+        if cur and (size + n > batch_bytes or len(cur) >= max_ops):
             batches.append(cur)
             cur, size = [], 0
         cur.append(t)
@@ -172,9 +194,12 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
         offsets.append(total)
         total += -(-t.nbytes // _ALIGN) * _ALIGN
     staging = device.empty((max(total, 1),), np.uint8)
+    for t in staged:
+        t._staging = staging
     ops = []
     for t, off in zip(staged, offsets):
         t.data = staging[off : off + t.nbytes]
+        t.stage = off
         ops.append(ReadOp(t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key))
     for t in batch:
         if t.direct is not None:
@@ -198,6 +223,7 @@ def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
                     raise t.error(str(exc)) from exc
             continue
         expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
+        _check_frames(tasks, name, expected, xp)
         raw = []
         for t in tasks:
             try:
@@ -217,6 +243,42 @@ def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
         clock.lap(f"decode {name}")
 
 
+def _check_frames(tasks: list[_Task], name: str, expected: int, xp: Any) -> None:
+    """Check every stream's header/trailer on the host (one gather, one small copy)."""
+    staging = tasks[0].__dict__.get("_staging")
+    if staging is None or any(t.__dict__.get("_staging") is not staging for t in tasks):
+        heads = [bytes(memoryview(np.ascontiguousarray(_host(t.data[:32])))) for t in tasks]
+        tails = [bytes(memoryview(np.ascontiguousarray(_host(t.data[-4:])))) for t in tasks]
+    else:
+        offs = np.array([t.stage for t in tasks], dtype=np.int64)
+        lens = np.array([len(t.data) for t in tasks], dtype=np.int64)
+        idx_h = offs[:, None] + np.minimum(np.arange(32)[None, :], np.maximum(lens - 1, 0)[:, None])
+        idx_t = offs[:, None] + np.maximum(lens[:, None] - 4 + np.arange(4)[None, :], 0)
+        both = _host(staging[xp.asarray(np.concatenate([idx_h, idx_t], axis=1))])
+        heads = [both[i, : min(32, lens[i])].tobytes() for i in range(len(tasks))]
+        tails = [both[i, 32:].tobytes() for i in range(len(tasks))]
+    for t, head, tail in zip(tasks, heads, tails):
+        if len(t.data) < 4:
+            raise t.error(f"{len(t.data)} bytes is too short for a {name} stream (corrupt chunk)")
+        problem = check_frame(name, head, tail, expected)
+        if problem:
+            raise t.error(f"{problem} (corrupt chunk)")
+
+
+def _host(x: Any) -> np.ndarray:
+    return x.get() if hasattr(x, "__cuda_array_interface__") else np.asarray(x)
+
+
+def _copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, device: Device) -> None:
+    """Copy ``n`` bytes of ``src`` into the C-contiguous output at byte ``dst``."""
+    if device.name == "gpu":
+        rt = device.xp.cuda.runtime
+        stream = device.xp.cuda.get_current_stream().ptr
+        rt.memcpyAsync(out.data.ptr + dst, src.data.ptr + src_off, n, rt.memcpyDeviceToDevice, stream)
+    else:
+        out.reshape(-1).view(np.uint8)[dst : dst + n] = src[src_off : src_off + n]
+
+
 def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock) -> None:
     staged = [t for t in batch if t.direct is None]
     groups: dict[int, list[_Task]] = {}
@@ -230,12 +292,17 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock) -> No
             recipe = t.spec.recipe
             if len(t.data) < recipe.nbytes:
                 raise t.error(f"chunk holds {len(t.data)} bytes, expected {recipe.nbytes}")
+            if t.copy is not None:
+                src_off, n, dst = t.copy
+                _copy_bytes(outs[t.out], dst, t.data, src_off, n, device)
+                continue
             chunk = bytes_to_chunk(xp, t.data, recipe)
             scatter(xp, outs[t.out], t.piece.out_sel, select(xp, chunk, t.piece.chunk_sel))
         clock.lap("scatter")
         for t in group:
             t.data = None
             t.__dict__.pop("_owner", None)
+            t.__dict__.pop("_staging", None)
 
 
 def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevice):
@@ -339,6 +406,7 @@ def read_arrays(
         for t in tasks:
             t.data = None
             t.__dict__.pop("_owner", None)
+            t.__dict__.pop("_staging", None)
         if bar is not None:
             bar.close()
         last_read_stats.clear()
