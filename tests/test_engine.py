@@ -242,11 +242,19 @@ def _one_chunk_store(tmp_path, compressors, zarr_format=3):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "directory", "empty"])
-@pytest.mark.parametrize("comp", ["none", "zstd", "gzip"])
+@pytest.mark.parametrize("comp", ["none", "zstd", "gzip", "zlib", "lz4"])
 def test_corrupt_chunk_names_array_and_chunk(tmp_path, device, damage, comp):
     if comp == "none" and damage == "garbage":
         pytest.skip("random bytes of the right length are valid uncompressed data")
-    compressors = {"none": None, "zstd": zarr.codecs.ZstdCodec(), "gzip": zarr.codecs.GzipCodec()}[comp]
+    from zarr.codecs import numcodecs as zn
+
+    compressors = {
+        "none": None,
+        "zstd": zarr.codecs.ZstdCodec(),
+        "gzip": zarr.codecs.GzipCodec(),
+        "zlib": zn.Zlib(),
+        "lz4": zn.LZ4(),
+    }[comp]
     a, path = _one_chunk_store(tmp_path, compressors)
     raw = open(path, "rb").read()
     if damage == "directory":
@@ -300,3 +308,38 @@ def test_permission_denied(tmp_path):
     os.chmod(path, 0)
     with pytest.raises(ChunkError, match="permission"):
         read_arrays([(array_spec(a), (slice(None),))], resolve_device("cpu"))
+
+
+def test_zstd_frame_length_walks_blocks():
+    from cupy_xarray.engine.codecs import zstd_frame_length
+
+    rng = np.random.default_rng(3)
+    for level, checksum in [(1, False), (5, True), (19, False)]:
+        raw = (np.cumsum(rng.standard_normal(300_000)) * 10).astype("f4").tobytes()
+        frame = numcodecs.Zstd(level=level, checksum=checksum).encode(raw)
+        assert zstd_frame_length(frame) == len(frame)
+        assert zstd_frame_length(frame[: len(frame) // 2]) == -1
+        assert zstd_frame_length(frame[:10]) == -1
+        assert zstd_frame_length(frame + b"xx") == len(frame)
+    assert zstd_frame_length(b"garbage-bytes") == -1
+
+
+@pytest.mark.gpu
+def test_zstd_frame_length_kernel_matches_python():
+    import cupy
+
+    from cupy_xarray.engine.codecs import zstd_frame_length, zstd_frame_lengths
+
+    rng = np.random.default_rng(4)
+    frames = [
+        numcodecs.Zstd(level=int(lv)).encode(rng.integers(0, 9, int(n)).astype("u1").tobytes())
+        for lv, n in zip(rng.integers(1, 9, 20), rng.integers(1, 400_000, 20))
+    ]
+    frames[3] = frames[3][:-7]  # truncated
+    frames[5] = b"\x00" * 40  # garbage
+    offs = np.cumsum([0] + [len(f) for f in frames[:-1]])
+    lens = np.array([len(f) for f in frames])
+    buf = cupy.asarray(np.frombuffer(b"".join(frames), np.uint8))
+    got = zstd_frame_lengths(cupy, buf, offs, lens)
+    want = [zstd_frame_length(f) for f in frames]
+    assert list(got) == want and want[3] == -1 and want[5] == -1

@@ -99,6 +99,86 @@ def check_frame(name: str, head: bytes, tail: bytes, expected: int) -> str | Non
     return None
 
 
+def zstd_frame_length(data: bytes | np.ndarray) -> int:
+    """Length in bytes of the zstd frame at the start of ``data`` (walking its block headers).
+
+    Returns -1 when the frame is malformed or runs past the end of ``data``. nvCOMP can
+    fault on truncated frames, so every zstd stream is measured before it is decoded.
+    :data:`ZSTD_FRAME_LENGTH_KERNEL` is the same walk on the GPU.
+    """
+    buf = bytes(memoryview(np.ascontiguousarray(data)).cast("B"))
+    n = len(buf)
+    if n < 6 or buf[:4] != b"\x28\xb5\x2f\xfd":
+        return -1
+    fhd = buf[4]
+    single = (fhd >> 5) & 1
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + (1 if single else 0, 2, 4, 8)[fhd >> 6]
+    while True:
+        if pos + 3 > n:
+            return -1
+        header = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+        if kind == 3:
+            return -1
+        pos += 3 + (1 if kind == 1 else size)
+        if last:
+            break
+    pos += 4 if (fhd >> 2) & 1 else 0
+    return pos if pos <= n else -1
+
+
+ZSTD_FRAME_LENGTH_KERNEL = r"""
+extern "C" __global__ void zstd_frame_length(const unsigned char* buf, const long long* offs,
+                                             const long long* lens, long long* out, int count) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const unsigned char* b = buf + offs[i];
+  long long n = lens[i];
+  out[i] = -1;
+  if (n < 6 || b[0] != 0x28 || b[1] != 0xb5 || b[2] != 0x2f || b[3] != 0xfd) return;
+  int fhd = b[4];
+  int single = (fhd >> 5) & 1;
+  const int dict[4] = {0, 1, 2, 4};
+  const int fcs[4] = {single ? 1 : 0, 2, 4, 8};
+  long long pos = 5 + (single ? 0 : 1) + dict[fhd & 3] + fcs[fhd >> 6];
+  while (true) {
+    if (pos + 3 > n) return;
+    unsigned int h = b[pos] | (b[pos + 1] << 8) | (b[pos + 2] << 16);
+    int last = h & 1, kind = (h >> 1) & 3;
+    long long size = h >> 3;
+    if (kind == 3) return;
+    pos += 3 + (kind == 1 ? 1 : size);
+    if (last) break;
+  }
+  if ((fhd >> 2) & 1) pos += 4;
+  out[i] = pos <= n ? pos : -1;
+}
+"""
+
+
+def zstd_frame_lengths(xp: Any, staging: Any, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """:func:`zstd_frame_length` of many streams held in one buffer (GPU kernel on cupy)."""
+    if xp.__name__ != "cupy":
+        return np.array([zstd_frame_length(staging[o : o + n]) for o, n in zip(offs, lens)])
+    kernel = _zstd_kernel()
+    count = len(offs)
+    out = xp.empty(count, dtype=xp.int64)
+    d_offs, d_lens = xp.asarray(offs, dtype=xp.int64), xp.asarray(lens, dtype=xp.int64)
+    kernel(((count + 127) // 128,), (128,), (staging, d_offs, d_lens, out, np.int32(count)))
+    return out.get()
+
+
+_KERNELS: dict[str, Any] = {}
+
+
+def _zstd_kernel():
+    if "zstd" not in _KERNELS:
+        import cupy
+
+        _KERNELS["zstd"] = cupy.RawKernel(ZSTD_FRAME_LENGTH_KERNEL, "zstd_frame_length")
+    return _KERNELS["zstd"]
+
+
 class Decoded(list):
     """Decoded buffers, with whatever owns their memory kept alive beside them."""
 

@@ -21,7 +21,15 @@ import numpy as np
 
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkError
-from .codecs import DecodeFailure, FramingError, check_frame, crc32c_strip, deframe
+from .codecs import (
+    DecodeFailure,
+    FramingError,
+    check_frame,
+    crc32c_strip,
+    deframe,
+    zstd_frame_length,
+    zstd_frame_lengths,
+)
 from .io import ReadOp
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
 from .scatter import bytes_to_chunk, scatter, select
@@ -52,6 +60,7 @@ class _Clock:
 
 
 _ALIGN = 256
+_HEADER_BYTES = {"zlib": 2, "lz4": 4}  # framing in front of the stream nvCOMP decodes
 
 
 def _max_ops() -> int:
@@ -191,8 +200,11 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
     staged = [t for t in batch if t.direct is None]
     offsets, total = [], 0
     for t in staged:
-        offsets.append(total)
-        total += -(-t.nbytes // _ALIGN) * _ALIGN
+        # start the slot so that the bare stream after a zlib/lz4 header is aligned
+        lead = _HEADER_BYTES.get(next((c for c in t.spec.recipe.bytes_codecs if c != "crc32c"), ""), 0)
+        start = total + (_ALIGN - lead) % _ALIGN
+        offsets.append(start)
+        total = -(-(start + t.nbytes) // _ALIGN) * _ALIGN
     staging = device.empty((max(total, 1),), np.uint8)
     for t in staged:
         t._staging = staging
@@ -263,6 +275,15 @@ def _check_frames(tasks: list[_Task], name: str, expected: int, xp: Any) -> None
         problem = check_frame(name, head, tail, expected)
         if problem:
             raise t.error(f"{problem} (corrupt chunk)")
+    if name == "zstd":
+        if staging is None or any(t.__dict__.get("_staging") is not staging for t in tasks):
+            lengths = [zstd_frame_length(_host(t.data)) for t in tasks]
+        else:
+            lengths = zstd_frame_lengths(xp, staging, offs, lens)
+        for t, n in zip(tasks, lengths):
+            if n != len(t.data):
+                what = "runs past the end of" if n < 0 else f"is {n} bytes, not the {len(t.data)} of"
+                raise t.error(f"zstd frame {what} the stored stream (truncated or corrupt chunk)")
 
 
 def _host(x: Any) -> np.ndarray:
