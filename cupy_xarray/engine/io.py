@@ -169,8 +169,6 @@ class _KvikioSession:
         items = []
         try:
             for op in ops:
-                if os.path.isdir(op.path):
-                    raise _error(op, "chunk path is a directory, not a file")
                 try:
                     f = kvikio.CuFile(op.path, "r")
                 except Exception as exc:

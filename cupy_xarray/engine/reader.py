@@ -9,7 +9,6 @@ while one is decoded, the next one is already being read.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import stat
 import time
@@ -91,10 +90,16 @@ class _Task:
     direct: tuple[int, int, int] | None = None  # (file offset, nbytes, output byte offset)
     copy: tuple[int, int, int] | None = None  # decoded bytes -> output: (src off, n, dst off)
     data: Any = field(default=None, repr=False)
-    stage: int = 0  # byte offset of data in its batch's staging buffer
+    staging: Any = field(default=None, repr=False)  # the batch's staging buffer
+    stage: int = 0  # byte offset of data in the staging buffer
+    owner: Any = field(default=None, repr=False)  # keeps nvCOMP's output alive until scattered
 
     def error(self, msg: str) -> ChunkError:
         return ChunkError(msg, array=self.spec.name, chunk=self.key, path=self.path)
+
+    def release(self) -> None:
+        """Drop the buffers this task holds (device memory goes back to the pool)."""
+        self.data = self.staging = self.owner = None
 
 
 def describe(spec: ArraySpec, device: Device | PrototypeDevice) -> str:
@@ -207,7 +212,7 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
         total = -(-(start + t.nbytes) // _ALIGN) * _ALIGN
     staging = device.empty((max(total, 1),), np.uint8)
     for t in staged:
-        t._staging = staging
+        t.staging = staging
     ops = []
     for t, off in zip(staged, offsets):
         t.data = staging[off : off + t.nbytes]
@@ -235,7 +240,7 @@ def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
                     raise t.error(str(exc)) from exc
             continue
         expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
-        _check_frames(tasks, name, expected, xp)
+        _check_frames(tasks, name, expected, device)
         raw = []
         for t in tasks:
             try:
@@ -251,22 +256,24 @@ def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
             if len(d) != expected:
                 raise t.error(f"{name} stream decoded to {len(d)} bytes, expected {expected}")
             t.data = d
-        tasks[0]._owner = decoded  # keep nvCOMP's output alive until scattered
+        tasks[0].owner = decoded
         clock.lap(f"decode {name}")
 
 
-def _check_frames(tasks: list[_Task], name: str, expected: int, xp: Any) -> None:
+def _check_frames(tasks: list[_Task], name: str, expected: int, device: Device) -> None:
     """Check every stream's header/trailer on the host (one gather, one small copy)."""
-    staging = tasks[0].__dict__.get("_staging")
-    if staging is None or any(t.__dict__.get("_staging") is not staging for t in tasks):
-        heads = [bytes(memoryview(np.ascontiguousarray(_host(t.data[:32])))) for t in tasks]
-        tails = [bytes(memoryview(np.ascontiguousarray(_host(t.data[-4:])))) for t in tasks]
+    xp, host = device.xp, device.to_host
+    staging = tasks[0].staging
+    shared = staging is not None and all(t.staging is staging for t in tasks)
+    if not shared:
+        heads = [host(t.data[:32]).tobytes() for t in tasks]
+        tails = [host(t.data[-4:]).tobytes() for t in tasks]
     else:
         offs = np.array([t.stage for t in tasks], dtype=np.int64)
         lens = np.array([len(t.data) for t in tasks], dtype=np.int64)
         idx_h = offs[:, None] + np.minimum(np.arange(32)[None, :], np.maximum(lens - 1, 0)[:, None])
         idx_t = offs[:, None] + np.maximum(lens[:, None] - 4 + np.arange(4)[None, :], 0)
-        both = _host(staging[xp.asarray(np.concatenate([idx_h, idx_t], axis=1))])
+        both = host(staging[xp.asarray(np.concatenate([idx_h, idx_t], axis=1))])
         heads = [both[i, : min(32, lens[i])].tobytes() for i in range(len(tasks))]
         tails = [both[i, 32:].tobytes() for i in range(len(tasks))]
     for t, head, tail in zip(tasks, heads, tails):
@@ -276,18 +283,14 @@ def _check_frames(tasks: list[_Task], name: str, expected: int, xp: Any) -> None
         if problem:
             raise t.error(f"{problem} (corrupt chunk)")
     if name == "zstd":
-        if staging is None or any(t.__dict__.get("_staging") is not staging for t in tasks):
-            lengths = [zstd_frame_length(_host(t.data)) for t in tasks]
+        if not shared:
+            lengths = [zstd_frame_length(host(t.data)) for t in tasks]
         else:
             lengths = zstd_frame_lengths(xp, staging, offs, lens)
         for t, n in zip(tasks, lengths):
             if n != len(t.data):
                 what = "runs past the end of" if n < 0 else f"is {n} bytes, not the {len(t.data)} of"
                 raise t.error(f"zstd frame {what} the stored stream (truncated or corrupt chunk)")
-
-
-def _host(x: Any) -> np.ndarray:
-    return x.get() if hasattr(x, "__cuda_array_interface__") else np.asarray(x)
 
 
 def _copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, device: Device) -> None:
@@ -321,9 +324,7 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock) -> No
             scatter(xp, outs[t.out], t.piece.out_sel, select(xp, chunk, t.piece.chunk_sel))
         clock.lap("scatter")
         for t in group:
-            t.data = None
-            t.__dict__.pop("_owner", None)
-            t.__dict__.pop("_staging", None)
+            t.release()
 
 
 def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevice):
@@ -370,11 +371,10 @@ def read_arrays(
     clock = _Clock(device)
     for i, (spec, selection) in enumerate(requests):
         nsel = normalize_selection(selection, spec.shape)
+        log.debug(describe(spec, device))
         if isinstance(device, PrototypeDevice) or spec.fallback:
-            log.debug(describe(spec, device))
             outs[i] = _zarr_read(spec, nsel, device)
             continue
-        log.debug(describe(spec, device))
         oshape = output_shape(nsel, spec.shape)
         pieces = plan_chunks(nsel, spec.shape, spec.chunks)
         found, missing = _locate(spec, pieces, i)
@@ -425,16 +425,10 @@ def read_arrays(
     finally:
         pending.clear()
         for t in tasks:
-            t.data = None
-            t.__dict__.pop("_owner", None)
-            t.__dict__.pop("_staging", None)
+            t.release()
         if bar is not None:
             bar.close()
         last_read_stats.clear()
         last_read_stats.update(clock.stats)
         log.debug("read phases (s): %s", {k: round(v, 4) for k, v in clock.stats.items()})
     return outs
-
-
-def nbytes_of(spec: ArraySpec) -> int:
-    return math.prod(spec.shape) * spec.dtype.itemsize
