@@ -18,6 +18,7 @@ from xarray.backends.zarr import ZarrStore
 from xarray.core import indexing
 from xarray.core.variable import Variable
 
+from . import chunked
 from .cf import device_agnostic, find_backend_array
 from .device import Device, PrototypeDevice, resolve_device
 from .engine import array_spec, read_arrays
@@ -220,5 +221,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
             storage_options=storage_options,
         )
 
+
+chunked.install()  # dask chunks of engine arrays keep the device's meta
 
 __all__ = ["KvikioBackendArray", "KvikioBackendEntrypoint", "KvikioStore", "open_kvikio_dataset"]

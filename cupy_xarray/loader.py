@@ -29,6 +29,7 @@ def read_zarr_gds(
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     consolidated: bool | None = None,
     zarr_format: int | None = None,
+    chunks: Any = None,
     **decode_kwargs: Any,
 ) -> xr.Dataset:
     """Read a Zarr store into GPU memory as an :class:`xarray.Dataset`, in one go.
@@ -55,6 +56,10 @@ def read_zarr_gds(
         Bytes read and decoded per batch (memory used beside the output).
     consolidated, zarr_format
         As for ``xr.open_zarr``.
+    chunks
+        None (default) reads now. Anything else (``{}`` for the store's chunks, ``"auto"``,
+        a mapping of dimension to size) returns dask arrays whose tasks read through the
+        engine and whose ``_meta`` is on ``device``; nothing is read until computed.
     **decode_kwargs
         CF decoding options of ``xr.open_dataset`` (``mask_and_scale``, ``decode_times``...).
 
@@ -64,6 +69,10 @@ def read_zarr_gds(
         Data variables as cupy arrays (for ``device="gpu"``); coordinates on the host.
     """
     dev = resolve_device(device, threads)
+    if chunks is not None:
+        return _read_chunked(
+            store, group, variables, device, threads, consolidated, zarr_format, chunks, decode_kwargs
+        )
     ds = open_kvikio_dataset(
         store,
         device=device,
@@ -73,16 +82,7 @@ def read_zarr_gds(
         zarr_format=zarr_format,
         **decode_kwargs,
     )
-    if variables is not None:
-        names = [variables] if isinstance(variables, str) else list(variables)
-        unknown = [n for n in names if n not in ds.data_vars]
-        if unknown:
-            raise StoreError(
-                f"unknown variable(s) {unknown} in {store!r}"
-                + (f" group {group!r}" if group else "")
-                + f"; data variables are {sorted(map(str, ds.data_vars))}"
-            )
-        ds = ds[names]
+    ds = _select(ds, variables, store, group)
     arrays = [
         a
         for name in ds.data_vars
@@ -104,3 +104,32 @@ def read_zarr_gds(
     finally:
         for a in arrays:
             a._preloaded = None
+
+
+def _select(ds: xr.Dataset, variables: Any, store: Any, group: str | None) -> xr.Dataset:
+    if variables is None:
+        return ds
+    names = [variables] if isinstance(variables, str) else list(variables)
+    unknown = [n for n in names if n not in ds.data_vars]
+    if unknown:
+        raise StoreError(
+            f"unknown variable(s) {unknown} in {store!r}"
+            + (f" group {group!r}" if group else "")
+            + f"; data variables are {sorted(map(str, ds.data_vars))}"
+        )
+    return ds[names]
+
+
+def _read_chunked(store, group, variables, device, threads, consolidated, zarr_format, chunks, decode_kwargs):
+    ds = xr.open_dataset(
+        store,
+        engine="kvikio",
+        chunks=chunks,
+        device=device,
+        threads=threads,
+        group=group,
+        consolidated=consolidated,
+        zarr_format=zarr_format,
+        **decode_kwargs,
+    )
+    return _select(ds, variables, store, group)

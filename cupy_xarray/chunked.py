@@ -1,0 +1,100 @@
+"""Dask chunks for ``engine="kvikio"``: each task reads through the engine, meta on the device.
+
+xarray (up to at least 2026.9; pydata/xarray#11383 is open) builds dask arrays for every
+lazily loaded backend array with ``meta=np.ndarray`` and lets dask call ``np.asarray`` on each
+block, which fails for cupy blocks ("Implicit conversion to a NumPy array is not allowed").
+:func:`install` wraps ``DaskManager.from_array`` once: arrays read by this package's engine
+get a :class:`EngineChunkSource` (blocks come back as the device's own arrays) and the
+device's meta (a cupy array for ``device="gpu"``); every other array goes to xarray's own
+``from_array`` untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any
+
+import numpy as np
+
+
+def _backend_array(data: Any):
+    from .backend import KvikioBackendArray
+    from .cf import find_backend_array
+
+    return find_backend_array(data, KvikioBackendArray)
+
+
+def empty_meta(device: Any, ndim: int, dtype: np.dtype) -> Any:
+    """A 0-size array of ``device``'s array type (what dask keeps as ``_meta``)."""
+    from .device import PrototypeDevice
+
+    shape = (0,) * ndim
+    if isinstance(device, PrototypeDevice):
+        return device.prototype.nd_buffer.create(shape=shape, dtype=dtype).as_ndarray_like()
+    return device.xp.empty(shape, dtype=dtype)
+
+
+class EngineChunkSource:
+    """What ``dask.array.from_array`` indexes: one block = one engine read, on the device.
+
+    Parameters
+    ----------
+    adapter
+        xarray's ``ImplicitToExplicitIndexingAdapter`` around the lazily decoded variable.
+    """
+
+    __slots__ = ("adapter", "dtype", "ndim", "shape", "token")
+
+    def __init__(self, adapter: Any):
+        self.adapter = adapter
+        self.shape = tuple(adapter.shape)
+        self.dtype = adapter.dtype
+        self.ndim = len(self.shape)
+        self.token = uuid.uuid4().hex
+
+    def __getitem__(self, key: Any) -> Any:
+        out = self.adapter[key]
+        # xarray hands back lazy wrappers for lazy inputs; a dask block must be an array
+        return out.get_duck_array() if hasattr(out, "get_duck_array") else out
+
+    def __dask_tokenize__(self) -> tuple[str, str]:
+        return ("cupy-xarray-chunk-source", self.token)
+
+    def __getstate__(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+def install() -> None:
+    """Route xarray's dask chunking of engine arrays through :class:`EngineChunkSource`.
+
+    Idempotent. Arrays that do not come from ``engine="kvikio"`` are chunked exactly as
+    before.
+    """
+    try:
+        from xarray.namedarray.daskmanager import DaskManager
+    except ImportError:  # pragma: no cover - xarray without the chunk manager API
+        return
+    if getattr(DaskManager.from_array, "_cupy_xarray", False):
+        return
+    original = DaskManager.from_array
+
+    @functools.wraps(original)
+    def from_array(self, data, chunks, **kwargs):
+        backend = _backend_array(data)
+        if backend is None:
+            return original(self, data, chunks, **kwargs)
+        import dask.array as da
+
+        if isinstance(chunks, tuple) and "auto" in chunks and any(s == 0 for s in data.shape):
+            chunks = data.shape
+        kwargs["meta"] = empty_meta(backend.resolved_device(), data.ndim, data.dtype)
+        kwargs["asarray"] = False
+        return da.from_array(EngineChunkSource(data), chunks, **kwargs)
+
+    from_array._cupy_xarray = True
+    DaskManager.from_array = from_array
