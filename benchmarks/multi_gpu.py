@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from read_throughput import write_stores  # noqa: E402
 
 
-def run(store: Path, devices: str, tchunk: int, repeat: int) -> dict:
+def run(store: Path, devices: str, tchunk: int, repeat: int, tpw: int) -> dict:
     import xarray as xr
     from dask_cuda import LocalCUDACluster
     from distributed import Client, wait
@@ -58,8 +58,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/cupy-xarray-bench")
     ap.add_argument("--size-gib", type=float, default=8.0)
-    ap.add_argument("--tchunk", type=int, default=64, help="time steps per dask task (4 MiB each)")
+    ap.add_argument("--tchunk", type=int, default=128, help="time steps per dask task (4 MiB each)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads-per-worker", type=int, default=2, help="dask tasks in flight per GPU")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -70,9 +71,9 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     store = write_stores(root, args.size_gib, ["zstd"])["zstd"]
     all_gpus = ",".join(str(i) for i in range(ngpu))
-    results = [run(store, "0", args.tchunk, args.repeat)]
+    results = [run(store, "0", args.tchunk, args.repeat, args.threads_per_worker)]
     if ngpu > 1:
-        results.append(run(store, all_gpus, args.tchunk, args.repeat))
+        results.append(run(store, all_gpus, args.tchunk, args.repeat, args.threads_per_worker))
     one = results[0]["gbps"]
     print(
         f"\nstore: {store} ({results[0]['bytes'] / 2**30:.1f} GiB decoded, zstd), dask chunks t={args.tchunk}"

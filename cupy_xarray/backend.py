@@ -20,6 +20,7 @@ from xarray.core.variable import Variable
 
 from . import chunked
 from .cf import device_agnostic, find_backend_array
+from .containment import Containment
 from .device import Device, PrototypeDevice, resolve_device
 from .engine import array_spec, read_arrays
 from .engine.plan import normalize_selection
@@ -42,8 +43,15 @@ class KvikioBackendArray(BackendArray):
 
     __slots__ = ("_preloaded", "device", "dtype", "shape", "spec", "threads")
 
-    def __init__(self, zarr_array: Any, name: str, device: Any = "gpu", threads: int | None = None):
-        self.spec = array_spec(zarr_array, name=name)
+    def __init__(
+        self,
+        zarr_array: Any,
+        name: str,
+        device: Any = "gpu",
+        threads: int | None = None,
+        containment: Containment | None = None,
+    ):
+        self.spec = array_spec(zarr_array, name=name, containment=containment)
         self.shape = self.spec.shape
         self.dtype = self.spec.dtype
         self.device = device
@@ -72,24 +80,33 @@ class KvikioStore(ZarrStore):
 
     _cupy_xarray_device: Any = "gpu"
     _cupy_xarray_threads: int | None = None
+    _cupy_xarray_containment: Containment | None = None
 
     def open_store_variable(self, name, *args, **kwargs):
         var = super().open_store_variable(name, *args, **kwargs)
         zarr_array = find_backend_array(var._data, BackendArray).get_array()
         # dimension coordinates become pandas indexes: they are always read to the host
         device = "cpu" if var.dims == (name,) else self._cupy_xarray_device
-        array = KvikioBackendArray(zarr_array, name, device, self._cupy_xarray_threads)
+        array = KvikioBackendArray(
+            zarr_array, name, device, self._cupy_xarray_threads, self._cupy_xarray_containment
+        )
         data = indexing.LazilyIndexedArray(array)
         return Variable(var.dims, data, var.attrs, var.encoding)
 
 
-def _open_store(path, *, group, consolidated, zarr_format, storage_options) -> KvikioStore:
+def _open_store(
+    path, *, group, consolidated, zarr_format, storage_options, allow_external_links=False
+) -> KvikioStore:
+    containment = None
     if isinstance(path, str | os.PathLike):
         path = os.fspath(path)
         if "://" not in path and not os.path.exists(path):
             raise StoreError(f"no such Zarr store: {path!r} does not exist")
+        if "://" not in path:
+            containment = Containment.for_store(path, allow_external_links)
+            containment.check_group(group)
     try:
-        return KvikioStore.open_group(
+        store = KvikioStore.open_group(
             path,
             mode="r",
             group=group,
@@ -106,6 +123,8 @@ def _open_store(path, *, group, consolidated, zarr_format, storage_options) -> K
             f"cannot open {where}{path!r} as a Zarr store ({type(exc).__name__}: {exc}); "
             "check the path, the group and zarr_format"
         ) from exc
+    store._cupy_xarray_containment = containment
+    return store
 
 
 def open_kvikio_dataset(
@@ -124,6 +143,7 @@ def open_kvikio_dataset(
     consolidated: bool | None = None,
     zarr_format: int | None = None,
     storage_options: dict | None = None,
+    allow_external_links: bool = False,
 ):
     """Open a Zarr store lazily; variables load through the engine on ``device``."""
     if isinstance(device, str):
@@ -134,6 +154,7 @@ def open_kvikio_dataset(
         consolidated=consolidated,
         zarr_format=zarr_format,
         storage_options=storage_options,
+        allow_external_links=allow_external_links,
     )
     store._cupy_xarray_device = device
     store._cupy_xarray_threads = threads
@@ -161,7 +182,8 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
     """Open Zarr stores straight into GPU memory: ``xr.open_dataset(path, engine="kvikio")``.
 
     Extra keywords beside the zarr engine's: ``device`` (``"gpu"`` default, ``"cpu"`` or a
-    zarr ``BufferPrototype``) and ``threads`` (I/O threads).
+    zarr ``BufferPrototype``), ``threads`` (I/O threads) and ``allow_external_links``
+    (follow symbolic links that leave the store's root; refused by default).
     """
 
     description = "Open Zarr stores into GPU memory (cupy) with kvikio and nvCOMP"
@@ -181,6 +203,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         "storage_options",
         "device",
         "threads",
+        "allow_external_links",
     )
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
@@ -203,6 +226,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         storage_options: dict | None = None,
         device: Any = "gpu",
         threads: int | None = None,
+        allow_external_links: bool = False,
     ):
         return open_kvikio_dataset(
             filename_or_obj,
@@ -219,6 +243,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
             consolidated=consolidated,
             zarr_format=zarr_format,
             storage_options=storage_options,
+            allow_external_links=allow_external_links,
         )
 
 

@@ -30,6 +30,7 @@ def read_zarr_gds(
     consolidated: bool | None = None,
     zarr_format: int | None = None,
     chunks: Any = None,
+    allow_external_links: bool = False,
     **decode_kwargs: Any,
 ) -> xr.Dataset:
     """Read a Zarr store into GPU memory as an :class:`xarray.Dataset`, in one go.
@@ -60,6 +61,8 @@ def read_zarr_gds(
         None (default) reads now. Anything else (``{}`` for the store's chunks, ``"auto"``,
         a mapping of dimension to size) returns dask arrays whose tasks read through the
         engine and whose ``_meta`` is on ``device``; nothing is read until computed.
+    allow_external_links
+        Follow symbolic links that resolve outside the store (refused by default).
     **decode_kwargs
         CF decoding options of ``xr.open_dataset`` (``mask_and_scale``, ``decode_times``...).
 
@@ -80,6 +83,7 @@ def read_zarr_gds(
         group=group,
         consolidated=consolidated,
         zarr_format=zarr_format,
+        allow_external_links=allow_external_links,
         **decode_kwargs,
     )
     ds = _select(ds, variables, store, group)

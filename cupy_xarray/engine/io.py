@@ -81,14 +81,25 @@ class _Pending:
 
 
 class _PosixSession:
-    def __init__(self, threads: int):
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="cupy-xarray-io")
+    def __init__(self, pool: ThreadPoolExecutor):
+        self._pool = pool
 
     def submit(self, ops: list[ReadOp]) -> _Pending:
         return _Pending([self._pool.submit(_pread_into, op) for op in ops])
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+
+_posix_pools: dict[int, ThreadPoolExecutor] = {}
+_posix_lock = threading.Lock()
+
+
+def _posix_pool(threads: int) -> ThreadPoolExecutor:
+    # one pool per thread count, kept for the process: dask tasks read many small pieces
+    # and a pool per read would start its threads again every time
+    with _posix_lock:
+        pool = _posix_pools.get(threads)
+        if pool is None:
+            pool = _posix_pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="cupy-xarray-io")
+        return pool
 
 
 class PosixIO:
@@ -98,41 +109,60 @@ class PosixIO:
 
     @contextlib.contextmanager
     def session(self, threads: int):
-        s = _PosixSession(threads)
-        try:
-            yield s
-        finally:
-            s.close()
+        yield _PosixSession(_posix_pool(threads))
 
 
-# kvikio's thread pool is process-wide: raise it while any read of ours runs, restore the
-# user's setting when the last one ends (a refcount, so concurrent reads don't race).
+# kvikio's thread pool is process-wide: raise it while reads of ours run, and restore the
+# user's setting once none has run for LINGER_S seconds (a refcount, so concurrent reads
+# don't race). Setting num_threads rebuilds kvikio's pool, so restoring after every read
+# would cost milliseconds per dask task.
+LINGER_S = 1.0
 _kvikio_lock = threading.Lock()
 _kvikio_users = 0
 _kvikio_saved: int | None = None
+_kvikio_timer: threading.Timer | None = None
 
 
 def _kvikio_enter(threads: int) -> None:
-    global _kvikio_users, _kvikio_saved
+    global _kvikio_users, _kvikio_saved, _kvikio_timer
     import kvikio.defaults as kd
 
     with _kvikio_lock:
-        if _kvikio_users == 0:
-            _kvikio_saved = kd.get("num_threads")
-            if threads > _kvikio_saved:
-                kd.set("num_threads", threads)
+        if _kvikio_timer is not None:
+            _kvikio_timer.cancel()
+            _kvikio_timer = None
+        current = kd.get("num_threads")
+        if _kvikio_saved is None:
+            _kvikio_saved = current
+        if threads > current:
+            kd.set("num_threads", threads)
         _kvikio_users += 1
 
 
 def _kvikio_exit() -> None:
-    global _kvikio_users
-    import kvikio.defaults as kd
-
+    global _kvikio_users, _kvikio_timer
     with _kvikio_lock:
         _kvikio_users -= 1
         if _kvikio_users == 0 and _kvikio_saved is not None:
-            if kd.get("num_threads") != _kvikio_saved:
-                kd.set("num_threads", _kvikio_saved)
+            _kvikio_timer = threading.Timer(LINGER_S, restore_kvikio_threads)
+            _kvikio_timer.daemon = True
+            _kvikio_timer.start()
+
+
+def restore_kvikio_threads() -> None:
+    """Give kvikio back the thread count it had before our reads, now, if none is running."""
+    global _kvikio_saved, _kvikio_timer
+    with _kvikio_lock:
+        if _kvikio_users or _kvikio_saved is None:
+            return
+        if _kvikio_timer is not None:
+            _kvikio_timer.cancel()
+            _kvikio_timer = None
+        import kvikio.defaults as kd
+
+        if kd.get("num_threads") != _kvikio_saved:
+            kd.set("num_threads", _kvikio_saved)
+        _kvikio_saved = None
 
 
 class _KvikioPending:

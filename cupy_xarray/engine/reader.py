@@ -120,11 +120,12 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
     tasks: list[_Task] = []
     missing = 0
     if spec.shard is None:
+        checked: set[str] = set()
         for p in pieces:
             path = spec.chunk_path(p.coords)
             key = spec.chunk_key(p.coords)
             try:
-                st = os.stat(path)
+                st = spec.containment.stat_chunk(path, key, checked) if spec.containment else os.stat(path)
             except FileNotFoundError:
                 missing += 1
                 continue
@@ -373,6 +374,8 @@ def read_arrays(
         nsel = normalize_selection(selection, spec.shape)
         log.debug(describe(spec, device))
         if isinstance(device, PrototypeDevice) or spec.fallback:
+            if spec.containment is not None and spec.directory:
+                spec.containment.check_tree(spec.directory, spec.name)
             outs[i] = _zarr_read(spec, nsel, device)
             continue
         oshape = output_shape(nsel, spec.shape)

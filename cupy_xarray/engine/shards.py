@@ -28,6 +28,11 @@ def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarr
     key = spec.chunk_key(shard_coords)
     per_shard = layout.chunks_per_shard(spec.chunks)
     nbytes = layout.index_nbytes(spec.chunks)
+    if spec.containment is not None:
+        try:
+            spec.containment.stat_chunk(path, key, set())
+        except FileNotFoundError:
+            return None
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ..containment import Containment, check_array
+
 # zarr v3 codec names and numcodecs ids -> the engine's own names
 _BYTES_CODECS = {
     "zstd": "zstd",
@@ -109,6 +111,7 @@ class ArraySpec:
     shard: ShardLayout | None
     zarr_array: Any
     fallback: str | None = None
+    containment: Containment | None = None
 
     def chunk_key(self, file_coords: tuple[int, ...]) -> str:
         return self.zarr_array.metadata.encode_chunk_key(file_coords)
@@ -219,7 +222,7 @@ def store_root(array: Any) -> str | None:
     return str(root)
 
 
-def array_spec(array: Any, name: str | None = None) -> ArraySpec:
+def array_spec(array: Any, name: str | None = None, containment: Containment | None = None) -> ArraySpec:
     """Describe a ``zarr.Array`` for the engine.
 
     Parameters
@@ -228,8 +231,16 @@ def array_spec(array: Any, name: str | None = None) -> ArraySpec:
         An open ``zarr.Array``.
     name
         Name used in messages; default the array's path in its store.
+    containment
+        The store root reads must stay inside (untrusted stores); None trusts the store.
+
+    Raises
+    ------
+    UnsafeStoreError
+        For keys that leave the root or sizes no genuine array has.
     """
     name = name or array.path or "/"
+    check_array(array, name, containment)
     dtype = np.dtype(array.dtype)
     shape = tuple(int(s) for s in array.shape)
     fill = array.fill_value
@@ -261,4 +272,6 @@ def array_spec(array: Any, name: str | None = None) -> ArraySpec:
     out_dtype = _native(dtype) if dtype.kind in _ENGINE_KINDS else dtype
     if fill is not None and dtype.kind in _ENGINE_KINDS:
         fill = np.asarray(fill).astype(out_dtype)[()]
-    return ArraySpec(name, directory, shape, out_dtype, fill, chunks, recipe, shard, array, fallback)
+    return ArraySpec(
+        name, directory, shape, out_dtype, fill, chunks, recipe, shard, array, fallback, containment
+    )

@@ -1,0 +1,230 @@
+"""Untrusted stores: every file the reader opens lies inside the store's root.
+
+A store's metadata names the files that are read (group members, consolidated members,
+chunk keys, shards). :class:`Containment` checks keys (no ``..`` component, no leading
+``/``), resolves links (a link that leaves the root is refused unless
+``allow_external_links=True``) and refuses metadata that asks for absurd resources, each
+with a :class:`UnsafeStoreError` naming the key. Checks run before zarr-python or the
+engine open anything; links are resolved once per directory per read, and per chunk only
+when the chunk file itself is a link.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import StoreError
+
+#: largest decoded chunk (or inner chunk) the engine will allocate; ``CUPY_XARRAY_MAX_CHUNK_BYTES``
+MAX_CHUNK_BYTES = int(os.environ.get("CUPY_XARRAY_MAX_CHUNK_BYTES", 2**32))
+#: most inner chunks one shard may index (2**24 entries are a 256 MiB index)
+MAX_CHUNKS_PER_SHARD = 2**24
+#: largest metadata document read (zarr.json, .zarray, .zmetadata ...)
+MAX_METADATA_BYTES = 256 * 2**20
+
+_METADATA_FILES = ("zarr.json", ".zgroup", ".zarray", ".zattrs", ".zmetadata")
+_LINK_HINT = "pass allow_external_links=True if you trust this store"
+
+
+class UnsafeStoreError(StoreError):
+    """Store metadata that would make the reader leave the store root, or allocate absurdly.
+
+    Attributes
+    ----------
+    key
+        The offending key (member, group, chunk) as written in the store.
+    """
+
+    def __init__(self, message: str, *, key: str) -> None:
+        self.key = key
+        super().__init__(message)
+
+
+def check_key(key: str, what: str, where: str) -> None:
+    """Refuse a store key that could name a file outside the root."""
+    parts = key.replace("\\", "/").split("/")
+    if key.startswith(("/", "\\")) or ".." in parts or "\x00" in key or (len(key) > 1 and key[1] == ":"):
+        raise UnsafeStoreError(
+            f"{what} {key!r} in {where} leaves the store root ('..' components, absolute paths and "
+            "drive letters are refused in untrusted stores)",
+            key=key,
+        )
+
+
+@dataclass(frozen=True)
+class Containment:
+    """The store root every opened path must resolve into.
+
+    Parameters
+    ----------
+    root
+        The store's directory, already resolved (``os.path.realpath``).
+    allow_external_links
+        Follow links that resolve outside the root.
+    """
+
+    root: str
+    allow_external_links: bool = False
+
+    @classmethod
+    def for_store(cls, path: str | os.PathLike, allow_external_links: bool = False) -> Containment:
+        return cls(os.path.realpath(os.fspath(path)), allow_external_links)
+
+    def inside(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        return real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
+
+    def check_path(self, path: str, key: str, what: str = "path") -> None:
+        """Refuse ``path`` when it resolves outside the root (and links out are not allowed)."""
+        if self.allow_external_links or self.inside(path):
+            return
+        raise UnsafeStoreError(
+            f"{what} {key!r} resolves to {os.path.realpath(path)!r}, outside the store root "
+            f"{self.root!r} (a symbolic link?); {_LINK_HINT}",
+            key=key,
+        )
+
+    def stat_chunk(self, path: str, key: str, checked_dirs: set[str]) -> os.stat_result:
+        """``os.stat`` of a chunk or shard file, after checking it stays inside the root.
+
+        ``checked_dirs`` caches directories already resolved during this read. Raises
+        FileNotFoundError for a missing chunk.
+        """
+        parent = os.path.dirname(path)
+        if parent not in checked_dirs:
+            self.check_path(parent, key, "chunk directory of")
+            checked_dirs.add(parent)
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            self.check_path(path, key, "chunk")
+            st = os.stat(path)
+        return st
+
+    def check_tree(self, directory: str, name: str) -> None:
+        """Check every link below an array's directory (before zarr-python reads from it)."""
+        if self.allow_external_links:
+            return
+        for top, dirs, files in os.walk(directory, followlinks=False):
+            for entry in dirs + files:
+                full = os.path.join(top, entry)
+                if os.path.islink(full):
+                    self.check_path(full, os.path.relpath(full, self.root), f"file of array {name!r}:")
+
+    def check_group(self, group: str | None) -> None:
+        """Check a group key, its directory, its metadata files and its members' before opening."""
+        where = f"store {self.root!r}"
+        group = (group or "").lstrip("/")  # "/inner" names the group "inner", as in xarray
+        if group:
+            check_key(group, "group", where)
+        gdir = os.path.join(self.root, group) if group else self.root
+        self.check_path(gdir, group or "/", "group")
+        if not os.path.isdir(gdir):
+            return
+        for name in _METADATA_FILES:
+            path = os.path.join(gdir, name)
+            if os.path.lexists(path):
+                self.check_path(path, _join(group, name), "metadata file")
+                if os.path.isfile(path) and os.path.getsize(path) > MAX_METADATA_BYTES:
+                    raise UnsafeStoreError(
+                        f"metadata file {_join(group, name)!r} in {where} is "
+                        f"{os.path.getsize(path)} bytes, more than the {MAX_METADATA_BYTES} read",
+                        key=_join(group, name),
+                    )
+        with os.scandir(gdir) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    self.check_path(entry.path, _join(group, entry.name), "member")
+                if entry.is_dir():
+                    for name in _METADATA_FILES:
+                        path = os.path.join(entry.path, name)
+                        if os.path.islink(path):
+                            self.check_path(path, _join(group, entry.name, name), "metadata file")
+        for key in consolidated_members(gdir):
+            check_key(key, "consolidated member", f"{where} (consolidated metadata)")
+
+
+def _join(*parts: str | None) -> str:
+    return "/".join(p.strip("/") for p in parts if p)
+
+
+def consolidated_members(gdir: str) -> list[str]:
+    """Member keys listed in a group's consolidated metadata (v3 ``zarr.json`` or v2 ``.zmetadata``)."""
+    keys: list[str] = []
+    for name, pick in (("zarr.json", _v3_members), (".zmetadata", _v2_members)):
+        path = os.path.join(gdir, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read(MAX_METADATA_BYTES + 1))
+        except (OSError, ValueError):
+            continue  # zarr-python reports unreadable metadata itself
+        keys.extend(pick(doc))
+    return keys
+
+
+def _v3_members(doc: Any) -> list[str]:
+    cm = doc.get("consolidated_metadata") if isinstance(doc, dict) else None
+    meta = cm.get("metadata") if isinstance(cm, dict) else None
+    keys = list(meta) if isinstance(meta, dict) else []
+    for value in (meta or {}).values():  # nested groups carry their own consolidated metadata
+        keys.extend(_v3_members(value))
+    return [str(k) for k in keys]
+
+
+def _v2_members(doc: Any) -> list[str]:
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    return (
+        [str(k).rsplit("/", 1)[0] if "/" in str(k) else str(k) for k in meta]
+        if isinstance(meta, dict)
+        else []
+    )
+
+
+def check_array(array: Any, name: str, containment: Containment | None) -> None:
+    """Refuse an array whose key, chunk key encoding or sizes are unsafe (before any allocation)."""
+    where = f"array {name!r}"
+    meta = array.metadata
+    if containment is not None:
+        check_key(array.path, "array", f"store {containment.root!r}")
+        containment.check_path(os.path.join(containment.root, array.path), array.path, "array")
+    if meta.zarr_format == 3:
+        enc = meta.chunk_key_encoding
+        sep = getattr(enc, "separator", None)
+        if getattr(enc, "name", None) not in ("default", "v2") or sep not in ("/", "."):
+            raise UnsafeStoreError(
+                f"{where}: chunk key encoding {enc!r} is not one the spec allows", key=name
+            )
+    elif getattr(meta, "dimension_separator", ".") not in (".", "/", None):
+        raise UnsafeStoreError(
+            f"{where}: dimension_separator {meta.dimension_separator!r} is not '.' or '/'", key=name
+        )
+    itemsize = max(1, getattr(array.dtype, "itemsize", 1) or 1)
+    shape = tuple(int(s) for s in array.shape)
+    if any(s < 0 for s in shape) or math.prod(shape) * itemsize >= 2**63:
+        raise UnsafeStoreError(f"{where}: shape {shape} overflows 64-bit sizes (corrupt metadata?)", key=name)
+    try:
+        chunks = tuple(int(c) for c in array.chunks)
+    except (NotImplementedError, TypeError):
+        return
+    nbytes = math.prod(chunks) * itemsize
+    if nbytes > MAX_CHUNK_BYTES:
+        raise UnsafeStoreError(
+            f"{where}: chunk shape {chunks} is {nbytes} bytes decoded, more than the {MAX_CHUNK_BYTES} "
+            "allowed per chunk (raise CUPY_XARRAY_MAX_CHUNK_BYTES if the store is genuine)",
+            key=name,
+        )
+    shards = getattr(array, "shards", None)
+    if shards:
+        per_shard = math.prod(-(-int(s) // c) for s, c in zip(shards, chunks))
+        if per_shard > MAX_CHUNKS_PER_SHARD:
+            raise UnsafeStoreError(
+                f"{where}: shard shape {tuple(shards)} over chunk shape {chunks} gives {per_shard} inner "
+                f"chunks per shard, more than the {MAX_CHUNKS_PER_SHARD} allowed",
+                key=name,
+            )

@@ -1,0 +1,241 @@
+"""Untrusted stores: nothing outside the store root is opened, absurd metadata is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from conftest import host
+
+import cupy_xarray
+from cupy_xarray.containment import UnsafeStoreError
+from cupy_xarray.errors import StoreError
+
+_OPENED: list[str] = []
+
+
+def _audit(event, args):
+    if event == "open" and args and isinstance(args[0], str | bytes | os.PathLike):
+        _OPENED.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_audit)  # audit hooks cannot be removed; it only records while a test looks
+
+
+class Sentinel:
+    """A file outside the store; proves it was never opened (audit hook and access time)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        with open(self.path, "wb") as f:
+            f.write(b"secret" * 100)
+        old = time.time() - 3 * 86400
+        os.utime(self.path, (old, old + 3600))  # atime < mtime: any read updates atime
+        self.atime = os.stat(self.path).st_atime
+        self.real = os.path.realpath(self.path)
+
+    def __enter__(self):
+        _OPENED.clear()
+        return self
+
+    def __exit__(self, *exc):
+        opened = {os.path.realpath(p) for p in _OPENED if p}
+        assert self.real not in opened, f"{self.path} was opened"
+        assert os.stat(self.path).st_atime == self.atime, f"{self.path} was read"
+        return False
+
+
+def _write(path, fmt=3, consolidated=True, compressors="auto", shards=None):
+    ds = xr.Dataset({"a": (("x", "y"), np.arange(64, dtype="float32").reshape(8, 8))})
+    enc = {"a": {"chunks": (4, 4)}}
+    if compressors != "auto":
+        enc["a"]["compressors"] = compressors
+    if shards:
+        enc["a"]["shards"] = shards
+    ds.to_zarr(path, zarr_format=fmt, consolidated=consolidated, encoding=enc)
+    return ds
+
+
+def _open(path, device, **kw):
+    return xr.open_dataset(path, engine="kvikio", device=device, **kw)
+
+
+def test_atime_detection_works(tmp_path):
+    s = Sentinel(tmp_path / "probe")
+    with open(s.path, "rb") as f:
+        f.read()
+    if os.stat(s.path).st_atime == s.atime:
+        pytest.skip("this filesystem does not update access times (noatime)")
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_consolidated_member_outside_root(tmp_path, device, fmt):
+    store = tmp_path / "s.zarr"
+    _write(store, fmt)
+    meta_file = store / ("zarr.json" if fmt == 3 else ".zmetadata")
+    doc = json.loads(meta_file.read_text())
+    if fmt == 3:
+        members = doc["consolidated_metadata"]["metadata"]
+        members["../outside"] = members.pop("a")
+    else:
+        doc["metadata"] = {k.replace("a/", "../outside/"): v for k, v in doc["metadata"].items()}
+    meta_file.write_text(json.dumps(doc))
+    (tmp_path / "outside").mkdir()
+    sentinel = Sentinel(tmp_path / "outside" / ("zarr.json" if fmt == 3 else ".zarray"))
+    with sentinel, pytest.raises(UnsafeStoreError, match=r"consolidated member '\.\./outside"):
+        _open(store, device)
+
+
+@pytest.mark.parametrize("group", ["../other", "inner/../../other"])
+def test_group_outside_root(tmp_path, device, group):
+    store = tmp_path / "s.zarr"
+    _write(store)
+    _write(tmp_path / "other")
+    sentinel = Sentinel(tmp_path / "other" / "secret")
+    with sentinel, pytest.raises(UnsafeStoreError, match="group"):
+        _open(store, device, group=group)
+
+
+def test_linked_array_outside_root(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    ref = _write(store, consolidated=False)
+    elsewhere = tmp_path / "elsewhere.zarr"
+    _write(elsewhere, consolidated=False)
+    os.rename(store / "a", tmp_path / "a_moved")
+    os.symlink(elsewhere / "a", store / "a")
+    with (
+        Sentinel(tmp_path / "sentinel"),
+        pytest.raises(UnsafeStoreError, match="'a'.*outside the store root"),
+    ):
+        _open(store, device)
+    # the option lets a trusted store's links through
+    got = _open(store, device, allow_external_links=True).load()
+    np.testing.assert_array_equal(host(got.a.data), ref.a.values)
+
+
+def test_linked_metadata_file_outside_root(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    _write(store, consolidated=False)
+    sentinel = Sentinel(tmp_path / "zarr.json")
+    (store / "a" / "zarr.json").unlink()
+    os.symlink(sentinel.path, store / "a" / "zarr.json")
+    with sentinel, pytest.raises(UnsafeStoreError, match="metadata file 'a/zarr.json'"):
+        _open(store, device)
+
+
+@pytest.mark.parametrize(
+    "compressors", [None, "auto", zarr.codecs.BloscCodec()], ids=["raw", "zstd", "blosc"]
+)
+def test_linked_chunk_outside_root(tmp_path, device, compressors):
+    store = tmp_path / "s.zarr"
+    _write(store, compressors=compressors)
+    sentinel = Sentinel(tmp_path / "sentinel")
+    chunk = store / "a" / "c" / "1" / "0"
+    chunk.unlink()
+    os.symlink(sentinel.path, chunk)
+    ds = _open(store, device)  # lazy: nothing read yet
+    with sentinel, pytest.raises(UnsafeStoreError, match="c/1/0.*outside the store root"):
+        ds.a.load()
+    ds = _open(store, device)
+    if ds.a.encoding.get("compressors") and "Blosc" in repr(ds.a.encoding["compressors"]):
+        return  # zarr-python reads this array: every link below it was checked before any read
+    # reads that do not touch the linked chunk go on working
+    np.testing.assert_array_equal(host(ds.a[:4].data), np.arange(32, dtype="float32").reshape(4, 8))
+
+
+def test_linked_chunk_directory_outside_root(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    _write(store)
+    outside = tmp_path / "outside_c"
+    os.rename(store / "a" / "c" / "1", outside)
+    os.symlink(outside, store / "a" / "c" / "1")
+    sentinel = Sentinel(outside / "sentinel")
+    with sentinel, pytest.raises(UnsafeStoreError, match="c/1/0.*outside the store root"):
+        _open(store, device).a.load()
+
+
+def test_linked_shard_outside_root(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    _write(store, shards=(8, 4))
+    sentinel = Sentinel(tmp_path / "shard")
+    shard = store / "a" / "c" / "0" / "1"
+    os.rename(shard, sentinel.path)
+    os.symlink(sentinel.path, shard)
+    sentinel.atime = os.stat(sentinel.path).st_atime
+    with sentinel, pytest.raises(UnsafeStoreError, match="c/0/1.*outside the store root"):
+        _open(store, device).a.load()
+
+
+def test_links_inside_root_are_fine(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    ref = _write(store, consolidated=False)
+    chunk = store / "a" / "c" / "1" / "0"
+    os.rename(chunk, store / "a" / "moved_chunk")
+    os.symlink(store / "a" / "moved_chunk", chunk)
+    np.testing.assert_array_equal(host(_open(store, device).a.load().data), ref.a.values)
+
+
+def _edit_array_meta(store, **changes):
+    path = store / "a" / "zarr.json"
+    meta = json.loads(path.read_text())
+    meta.update(changes)
+    path.write_text(json.dumps(meta))
+    (store / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+
+
+def test_shape_that_overflows(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    _write(store)
+    _edit_array_meta(store, shape=[2**40, 2**40])
+    with pytest.raises(UnsafeStoreError, match=r"'a'.*overflows"):
+        _open(store, device)
+
+
+def test_chunk_of_billions_of_elements(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    _write(store)
+    grid = {"name": "regular", "configuration": {"chunk_shape": [100_000, 100_000]}}
+    _edit_array_meta(store, shape=[100_000, 100_000], chunk_grid=grid)
+    with pytest.raises(UnsafeStoreError, match=r"'a'.*chunk shape \(100000, 100000\).*CUPY_XARRAY_MAX_CHUNK"):
+        _open(store, device)
+
+
+def test_shard_claiming_too_many_chunks(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    _write(store, shards=(8, 4))
+    meta = json.loads((store / "a" / "zarr.json").read_text())
+    meta["shape"] = [2**20, 2**20]
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [2**20, 2**20]
+    meta["codecs"][0]["configuration"]["chunk_shape"] = [1, 1]
+    _edit_array_meta(store, **meta)
+    with pytest.raises(UnsafeStoreError, match=r"'a'.*inner chunks per shard"):
+        _open(store, device)
+
+
+def test_shard_index_bigger_than_file_is_refused_before_allocating(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    _write(store, shards=(8, 4))
+    meta = json.loads((store / "a" / "zarr.json").read_text())
+    meta["shape"] = [4096, 4096]
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [4096, 4096]
+    meta["codecs"][0]["configuration"]["chunk_shape"] = [1, 1]
+    _edit_array_meta(store, **meta)
+    os.rename(store / "a" / "c" / "0" / "0", store / "a" / "c" / "keep")
+    (store / "a" / "c" / "0" / "1").unlink()
+    os.rename(store / "a" / "c" / "keep", store / "a" / "c" / "0" / "0")
+    with pytest.raises(cupy_xarray.errors.ChunkError, match="shorter than its .*index"):
+        _open(store, device).a[:2, :2].load()
+
+
+def test_read_zarr_gds_refuses_too(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    _write(store)
+    with pytest.raises(UnsafeStoreError):
+        cupy_xarray.read_zarr_gds(store, device=device, group="../x")
+    assert issubclass(UnsafeStoreError, StoreError)
