@@ -119,6 +119,13 @@ class Device:
     def to_host(self, x: Any) -> np.ndarray:
         return x.get() if is_cupy_array(x) else np.asarray(x)
 
+    def free_bytes(self) -> int | None:
+        """Memory a read may still allocate here (None when unknown)."""
+        if self.name == "gpu":
+            free, _ = self.xp.cuda.runtime.memGetInfo()
+            return int(free) + int(self.xp.get_default_memory_pool().free_bytes())
+        return host_available_bytes()
+
     def synchronize(self) -> None:
         if self.name == "gpu":
             self.xp.cuda.get_current_stream().synchronize()
@@ -130,6 +137,18 @@ class PrototypeDevice:
 
     prototype: Any
     name: str = "prototype"
+
+
+def host_available_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo (free plus reclaimable page cache), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def cpu_device(threads: int | None = None) -> Device:

@@ -39,3 +39,7 @@ class ChunkError(CupyXarrayError, ValueError):
 
 class StoreError(CupyXarrayError, ValueError):
     """The store, group or variable asked for does not exist or is not usable."""
+
+
+class OutOfMemoryError(CupyXarrayError, MemoryError):
+    """A read needs more device (or host) memory than is free; nothing was allocated."""

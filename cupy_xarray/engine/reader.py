@@ -9,9 +9,11 @@ while one is decoded, the next one is already being read.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import stat
 import time
+import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..device import Device, PrototypeDevice
-from ..errors import ChunkError
+from ..errors import ChunkError, OutOfMemoryError
 from .codecs import (
     DecodeFailure,
     FramingError,
@@ -332,6 +334,12 @@ def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevi
     """Read through zarr-python's own codec pipeline (codecs the engine does not decode)."""
     from ..device import buffer_prototype
 
+    shape = output_shape(selection, spec.shape)
+    if 0 in shape:  # zarr-python refuses empty integer selections; there is nothing to read
+        if isinstance(device, PrototypeDevice):
+            buf = device.prototype.nd_buffer.create(shape=shape, dtype=spec.dtype)
+            return buf.as_ndarray_like()
+        return device.empty(shape, spec.dtype)
     sel = tuple(s.tolist() if isinstance(s, np.ndarray) else s for s in selection)
     if isinstance(device, PrototypeDevice):
         return spec.zarr_array.get_orthogonal_selection(sel, prototype=buffer_prototype(device))
@@ -339,7 +347,30 @@ def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevi
     result = np.asarray(result)
     if result.dtype.kind in "biufc":
         return device.asarray(result.astype(spec.dtype, copy=False))
+    if result.dtype.byteorder not in ("|", "="):  # big-endian datetimes and the like: native order out
+        return result.astype(result.dtype.newbyteorder("="))
     return result
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_memory(requests: list[tuple[ArraySpec, tuple]], device: Device, batch_bytes: int) -> None:
+    """Refuse a read whose outputs and read buffers cannot fit in the device's free memory."""
+    free = device.free_bytes()
+    if free is None:
+        return
+    out = sum(math.prod(output_shape(sel, spec.shape)) * spec.dtype.itemsize for spec, sel in requests)
+    needed = out + min(batch_bytes, 2 * out)
+    if needed > free:
+        names = ", ".join(repr(spec.name) for spec, _ in requests[:5]) + (" ..." if len(requests) > 5 else "")
+        raise OutOfMemoryError(
+            f"reading {names} needs about {_gib(needed)} of {device.name.upper()} memory ({_gib(out)} of "
+            f"output plus up to {_gib(needed - out)} of read buffers), but only {_gib(free)} is free; "
+            "open the store lazily with chunks={...} (dask reads one piece at a time) or select a "
+            "subset (.isel/.sel) before loading"
+        )
 
 
 def read_arrays(
@@ -366,7 +397,38 @@ def read_arrays(
     -------
     list
         One output array per request (cupy on the GPU, numpy on the CPU).
+
+    Raises
+    ------
+    ChunkError
+        A chunk is missing bytes, corrupt, or unreadable (names the array, chunk and file).
+    OutOfMemoryError
+        The outputs do not fit in free memory (checked before anything is allocated).
     """
+    try:
+        return _read_arrays(requests, device, batch_bytes, progress)
+    except BaseException as exc:
+        # the traceback keeps every frame below alive, and with them device buffers: clear
+        # their locals so a failed read gives its GPU memory back at once
+        traceback.clear_frames(exc.__traceback__)
+        if _is_oom(exc) and not isinstance(exc, OutOfMemoryError):
+            names = ", ".join(repr(spec.name) for spec, _ in requests[:5])
+            raise OutOfMemoryError(
+                f"out of {getattr(device, 'name', 'device')} memory while reading {names} ({exc}); "
+                "open the store lazily with chunks={...} or select a subset before loading"
+            ) from None
+        raise
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+
+
+def _read_arrays(requests, device, batch_bytes, progress) -> list[Any]:
+    if isinstance(device, Device):
+        check_memory(
+            [(spec, normalize_selection(sel, spec.shape)) for spec, sel in requests], device, batch_bytes
+        )
     outs: list[Any] = [None] * len(requests)
     tasks: list[_Task] = []
     clock = _Clock(device)

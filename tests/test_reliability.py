@@ -1,0 +1,238 @@
+"""Broken input, memory and threads: clear errors, memory given back, nothing process-wide changed."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from conftest import host
+
+import cupy_xarray  # noqa: F401
+from cupy_xarray.errors import ChunkError, OutOfMemoryError
+
+
+def _ds(seed=0) -> xr.Dataset:
+    rng = np.random.default_rng(seed)
+    data = (np.sin(np.arange(16 * 12 * 10) / 50.0) * 20 + 280).astype("float32").reshape(16, 12, 10)
+    return xr.Dataset({"air": (("t", "y", "x"), data + rng.integers(0, 3, data.shape).astype("float32"))})
+
+
+def _write(path, compressors, shards=None, seed=0):
+    enc = {"air": {"chunks": (4, 6, 10), "compressors": compressors}}
+    if shards:
+        enc["air"]["shards"] = shards
+    ds = _ds(seed)
+    ds.to_zarr(path, zarr_format=3, consolidated=False, encoding=enc)
+    return ds
+
+
+def _meta(path):
+    return json.loads((path / "air" / "zarr.json").read_text())
+
+
+def _set_meta(path, meta):
+    (path / "air" / "zarr.json").write_text(json.dumps(meta))
+
+
+CHUNK = ("c", "1", "0", "0")
+
+
+def _truncate(path):
+    f = path.joinpath("air", *CHUNK)
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+
+
+def _garbage(path):
+    f = path.joinpath("air", *CHUNK)
+    f.write_bytes(random.Random(0).randbytes(len(f.read_bytes())))
+
+
+def _flip_crc(path):
+    f = path.joinpath("air", *CHUNK)
+    b = bytearray(f.read_bytes())
+    b[-1] ^= 0xFF
+    f.write_bytes(bytes(b))
+
+
+def _shard_index_past_end(path):
+    f = path.joinpath("air", "c", "0", "0", "0")
+    b = bytearray(f.read_bytes())
+    b[-16:-8] = (2**40).to_bytes(8, "little")  # last entry's offset (index at the end, no crc)
+    f.write_bytes(bytes(b))
+
+
+def _dtype_lie(path):
+    meta = _meta(path)
+    meta["data_type"] = "float64"
+    _set_meta(path, meta)
+
+
+def _shape_lie(path):
+    meta = _meta(path)
+    meta["chunk_grid"]["configuration"]["chunk_shape"] = [4, 6, 20]
+    meta["shape"] = [16, 12, 20]
+    _set_meta(path, meta)
+
+
+def _directory(path):
+    f = path.joinpath("air", *CHUNK)
+    f.unlink()
+    f.mkdir()
+
+
+ZSTD = zarr.codecs.ZstdCodec(level=1)
+BROKEN = {
+    "truncated-zstd": (ZSTD, None, _truncate),
+    "truncated-raw": (None, None, _truncate),
+    "garbage-zstd": (ZSTD, None, _garbage),
+    "garbage-gzip": (zarr.codecs.GzipCodec(), None, _garbage),
+    "garbage-lz4": ("lz4", None, _garbage),
+    "wrong-crc32c": ([ZSTD, zarr.codecs.Crc32cCodec()], None, _flip_crc),
+    "shard-index-past-end": (ZSTD, (8, 12, 10), _shard_index_past_end),
+    "dtype-lie-zstd": (ZSTD, None, _dtype_lie),
+    "dtype-lie-raw": (None, None, _dtype_lie),
+    "shape-lie": (ZSTD, None, _shape_lie),
+    "chunk-is-directory": (ZSTD, None, _directory),
+}
+
+
+def _compressors(c):
+    if c == "lz4":
+        from zarr.codecs import numcodecs as zn
+
+        return zn.LZ4()
+    return c
+
+
+@contextlib.contextmanager
+def gpu_memory_returns(device):
+    """Assert the cupy pool holds no more memory after the block than before it."""
+    if device != "gpu":
+        yield
+        return
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    cupy.cuda.Device().synchronize()
+    before = pool.used_bytes()
+    yield
+    gc.collect()
+    cupy.cuda.Device().synchronize()
+    assert pool.used_bytes() <= before, f"{pool.used_bytes() - before} bytes of GPU memory still held"
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_broken_input(tmp_path, device, case):
+    compressors, shards, damage = BROKEN[case]
+    good = tmp_path / "good.zarr"
+    ref = _write(good, _compressors(compressors), shards, seed=1)
+    bad = tmp_path / "bad.zarr"
+    _write(bad, _compressors(compressors), shards)
+    # warm up (nvCOMP, kvikio, pools) so what a failed read leaves behind can be measured
+    xr.open_dataset(good, engine="kvikio", device=device).load()
+    damage(bad)
+    with gpu_memory_returns(device):
+        with pytest.raises(ChunkError) as info:
+            xr.open_dataset(bad, engine="kvikio", device=device).air.load()
+        err = info.value
+        assert err.array == "air"
+        assert err.chunk.startswith("c/"), err.chunk
+        assert str(bad) in err.path
+        del info, err
+    got = xr.open_dataset(good, engine="kvikio", device=device).load()
+    np.testing.assert_array_equal(host(got.air.data), ref.air.values)
+
+
+def test_permission_denied(device):
+    root = tempfile.mkdtemp(prefix="cupy-xarray-perm-", dir="/tmp")
+    try:
+        os.chmod(root, 0o755)
+        path = __import__("pathlib").Path(root) / "s.zarr"
+        _write(path, ZSTD)
+        os.chmod(path.joinpath("air", *CHUNK), 0o000)
+        ds = xr.open_dataset(path, engine="kvikio", device=device)
+        # root reads every file: drop to 'nobody' for the read itself, as CI runs as root
+        drop = os.geteuid() == 0
+        with gpu_memory_returns(device), pytest.raises(ChunkError, match="(?i)permission denied") as info:
+            if drop:
+                os.seteuid(65534)
+            try:
+                ds.air.load()
+            finally:
+                if drop:
+                    os.seteuid(0)
+        assert info.value.chunk == "c/1/0/0"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_out_of_memory_is_refused_before_allocating(tmp_path, device):
+    path = tmp_path / "huge.zarr"
+    # 1 TiB of float32 that is all fill value: metadata only, no chunk written
+    zarr.create_array(
+        path, name="air", shape=(2**19, 2**19), chunks=(4096, 4096), dtype="f4", dimension_names=["y", "x"]
+    )
+    ds = xr.open_dataset(path, engine="kvikio", device=device, consolidated=False)
+    with gpu_memory_returns(device), pytest.raises(OutOfMemoryError, match=r"1024\.\d+ GiB.*chunks=") as info:
+        ds.air.load()
+    assert "'air'" in str(info.value)
+    del info
+    small = ds.air[:2, :3].load()  # a subset still reads
+    assert (host(small.data) == 0).all()  # the fill value
+
+
+@pytest.mark.gpu
+def test_threads_mixing_gpu_and_cpu(tmp_path):
+    import kvikio.defaults
+
+    from cupy_xarray.engine.io import LINGER_S, restore_kvikio_threads
+
+    paths, refs = [], []
+    codecs = [ZSTD, None, zarr.codecs.GzipCodec(), [ZSTD, zarr.codecs.Crc32cCodec()]]
+    for i, c in enumerate(codecs):
+        p = tmp_path / f"s{i}.zarr"
+        refs.append(_write(p, c, seed=i).air.values)
+        paths.append(p)
+    before_config = repr(zarr.config.config)
+    before_threads = kvikio.defaults.get("num_threads")
+    errors, reads = [], [0]
+    stop = time.monotonic() + 20
+
+    def work(k):
+        rng = random.Random(k)
+        try:
+            while time.monotonic() < stop:
+                i = rng.randrange(len(paths))
+                device = "gpu" if (k + reads[0]) % 2 else "cpu"
+                ds = xr.open_dataset(paths[i], engine="kvikio", device=device)
+                sel = slice(rng.randrange(0, 8), rng.randrange(8, 16))
+                got = ds.air[sel].load().data
+                assert type(got).__module__.split(".")[0] == ("cupy" if device == "gpu" else "numpy")
+                np.testing.assert_array_equal(host(got), refs[i][sel])
+                reads[0] += 1
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert reads[0] > 100, reads[0]
+    assert repr(zarr.config.config) == before_config
+    time.sleep(LINGER_S + 0.5)  # kvikio's thread count goes back once our reads stop
+    assert kvikio.defaults.get("num_threads") == before_threads
+    restore_kvikio_threads()
+    print(f"{reads[0]} mixed reads by 8 threads, zero mismatches")
