@@ -58,9 +58,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/cupy-xarray-bench")
     ap.add_argument("--size-gib", type=float, default=8.0)
-    ap.add_argument("--tchunk", type=int, default=128, help="time steps per dask task (4 MiB each)")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads-per-worker", type=int, default=2, help="dask tasks in flight per GPU")
+    ap.add_argument(
+        "--configs",
+        default="128x2",
+        help="comma-separated TxN: T time steps (4 MiB each) per dask chunk, N tasks in flight per GPU",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -71,19 +74,23 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     store = write_stores(root, args.size_gib, ["zstd"])["zstd"]
     all_gpus = ",".join(str(i) for i in range(ngpu))
-    results = [run(store, "0", args.tchunk, args.repeat, args.threads_per_worker)]
-    if ngpu > 1:
-        results.append(run(store, all_gpus, args.tchunk, args.repeat, args.threads_per_worker))
-    one = results[0]["gbps"]
+    results = []
+    for config in args.configs.split(","):
+        tchunk, tpw = (int(v) for v in config.split("x"))
+        one = run(store, "0", tchunk, args.repeat, tpw)
+        rows = [one] + ([run(store, all_gpus, tchunk, args.repeat, tpw)] if ngpu > 1 else [])
+        for r in rows:
+            r.update(tchunk=tchunk, tasks_per_gpu=tpw, speedup=r["gbps"] / one["gbps"])
+        results.extend(rows)
     print(
-        f"\nstore: {store} ({results[0]['bytes'] / 2**30:.1f} GiB decoded, zstd), dask chunks t={args.tchunk}"
+        f"\nstore: {store} ({results[0]['bytes'] / 2**30:.1f} GiB decoded, zstd); mean('t') + std()"
     )
-    print("| GPUs | workers | seconds | GB/s | speed-up |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| dask chunk (t) | tasks per GPU | GPUs | seconds | GB/s | speed-up vs 1 GPU |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(
-            f"| {r['devices']} | {r['workers']} | {r['seconds']:.2f} | {r['gbps']:.2f} "
-            f"| {r['gbps'] / one:.2f}x |"
+            f"| {r['tchunk']} | {r['tasks_per_gpu']} | {r['devices']} | {r['seconds']:.2f} | {r['gbps']:.2f} "
+            f"| {r['speedup']:.2f}x |"
         )
     if args.json:
         with open(args.json, "w") as f:

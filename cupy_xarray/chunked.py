@@ -6,7 +6,8 @@ block, which fails for cupy blocks ("Implicit conversion to a NumPy array is not
 :func:`install` wraps ``DaskManager.from_array`` once: arrays read by this package's engine
 get a :class:`EngineChunkSource` (blocks come back as the device's own arrays) and the
 device's meta (a cupy array for ``device="gpu"``); every other array goes to xarray's own
-``from_array`` untouched.
+``from_array`` untouched. The same goes for xarray's ``as_shared_dtype``, which would
+otherwise cast fill values of ``where`` to NumPy next to cupy blocks.
 """
 
 from __future__ import annotations
@@ -98,3 +99,35 @@ def install() -> None:
 
     from_array._cupy_xarray = True
     DaskManager.from_array = from_array
+    _install_shared_dtype()
+
+
+def _is_cupy_dask(x: Any) -> bool:
+    from .device import is_cupy_array
+
+    return hasattr(x, "__dask_graph__") and is_cupy_array(getattr(x, "_meta", None))
+
+
+def _install_shared_dtype() -> None:
+    """Let xarray's ``where`` (``sum(min_count=...)``, ``.where``, ``fillna``) keep cupy meta.
+
+    xarray picks NumPy to cast the fill value when the other operand is a dask array, even
+    one of cupy blocks, and the task then mixes a NumPy scalar array into ``cupy.where``
+    (cupy-xarray#52). Only calls with such a dask array are changed.
+    """
+    from xarray.core import duck_array_ops
+
+    original = duck_array_ops.as_shared_dtype
+    if getattr(original, "_cupy_xarray", False):
+        return
+
+    @functools.wraps(original)
+    def as_shared_dtype(scalars_or_arrays, xp=None):
+        if (xp is None or xp is np) and any(_is_cupy_dask(x) for x in scalars_or_arrays):
+            import cupy
+
+            xp = cupy
+        return original(scalars_or_arrays, xp=xp)
+
+    as_shared_dtype._cupy_xarray = True
+    duck_array_ops.as_shared_dtype = as_shared_dtype

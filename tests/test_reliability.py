@@ -205,6 +205,7 @@ def test_threads_mixing_gpu_and_cpu(tmp_path):
         refs.append(_write(p, c, seed=i).air.values)
         paths.append(p)
     before_config = repr(zarr.config.config)
+    restore_kvikio_threads()  # earlier tests' reads may still hold kvikio's count raised
     before_threads = kvikio.defaults.get("num_threads")
     errors, reads = [], [0]
     stop = time.monotonic() + 20
@@ -218,8 +219,11 @@ def test_threads_mixing_gpu_and_cpu(tmp_path):
                 ds = xr.open_dataset(paths[i], engine="kvikio", device=device)
                 sel = slice(rng.randrange(0, 8), rng.randrange(8, 16))
                 got = ds.air[sel].load().data
-                assert type(got).__module__.split(".")[0] == ("cupy" if device == "gpu" else "numpy")
-                np.testing.assert_array_equal(host(got), refs[i][sel])
+                assert type(got).__module__.split(".")[0] == ("cupy" if device == "gpu" else "numpy"), (
+                    device,
+                    type(got),
+                )
+                np.testing.assert_array_equal(host(got), refs[i][sel], err_msg=f"{device} store {i} {sel}")
                 reads[0] += 1
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
@@ -233,6 +237,9 @@ def test_threads_mixing_gpu_and_cpu(tmp_path):
     assert reads[0] > 100, reads[0]
     assert repr(zarr.config.config) == before_config
     time.sleep(LINGER_S + 0.5)  # kvikio's thread count goes back once our reads stop
-    assert kvikio.defaults.get("num_threads") == before_threads
+    assert kvikio.defaults.get("num_threads") == before_threads, (
+        kvikio.defaults.get("num_threads"),
+        before_threads,
+    )
     restore_kvikio_threads()
     print(f"{reads[0]} mixed reads by 8 threads, zero mismatches")

@@ -339,6 +339,8 @@ def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevi
         if isinstance(device, PrototypeDevice):
             buf = device.prototype.nd_buffer.create(shape=shape, dtype=spec.dtype)
             return buf.as_ndarray_like()
+        if spec.dtype.kind not in "biufc":  # cupy has no datetime or string arrays
+            return np.empty(shape, spec.dtype)
         return device.empty(shape, spec.dtype)
     sel = tuple(s.tolist() if isinstance(s, np.ndarray) else s for s in selection)
     if isinstance(device, PrototypeDevice):
