@@ -123,11 +123,13 @@ def _install_shared_dtype() -> None:
 
     @functools.wraps(original)
     def as_shared_dtype(scalars_or_arrays, xp=None):
-        if (xp is None or xp is np) and any(_is_cupy_dask(x) for x in scalars_or_arrays):
+        out = original(scalars_or_arrays, xp=xp)
+        if any(_is_cupy_dask(x) for x in scalars_or_arrays):
             import cupy
 
-            xp = cupy
-        return original(scalars_or_arrays, xp=xp)
+            # the cast itself stays xarray's (dask's astype); only host constants move
+            out = [cupy.asarray(o) if isinstance(o, np.ndarray) else o for o in out]
+        return out
 
     as_shared_dtype._cupy_xarray = True
     duck_array_ops.as_shared_dtype = as_shared_dtype

@@ -189,7 +189,7 @@ def _run(device: str, case) -> None:
             np.testing.assert_array_equal(got, ref, err_msg=f"{sel} {where}")
         if vector is not None:
             backend = KvikioBackendArray(arr, "a", device)
-            got = host(np.asarray(backend[indexing.VectorizedIndexer(vector)]))
+            got = host(backend[indexing.VectorizedIndexer(vector)])
             np.testing.assert_array_equal(got, full[vector], err_msg=f"vindex {vector} {where}")
 
 
