@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the project with its test extra into a fresh virtual environment per Python
-# (3.11 with zarr 3.1.x, 3.12 with the newest zarr), then run ruff and the test suite.
+# (3.11 with zarr 3.1.x, 3.12 with the newest zarr), then run ruff and the test suite (the example
+# notebooks included), and build the docs with warnings as errors.
 # GPU tests skip cleanly where no CUDA device is available.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,12 @@ for py in "${pythons[@]}"; do
   set -e
   # exit code 5 (no tests collected) is a failure too
   [ $rc -eq 0 ] || { echo "pytest exited $rc on $py"; status=1; }
+  if [ "$py" = "${pythons[-1]}" ]; then
+    # the docs, warnings as errors (offline: no intersphinx inventories without internet)
+    "$venv/bin/python" -m pip install -q -e ".[docs]" 2>&1 | grep -v '^WARNING: Location' || true
+    CUPY_XARRAY_DOCS_OFFLINE=1 "$venv/bin/python" -m sphinx -W --keep-going -q -b html docs "$venv/docs-html" \
+      && echo "docs built: $venv/docs-html" || { echo "docs build failed"; status=1; }
+  fi
   rm -rf "$venv"
 done
 exit $status
