@@ -4,7 +4,8 @@ Usage (on a GPU machine)::
 
     python benchmarks/read_throughput.py --dir /tmp/bench --size-gib 4 --json out.json
 
-For each store (uncompressed, zstd, lz4, sharded zstd) it measures, on the same data:
+For each store (uncompressed, zstd, lz4, Blosc lz4 + shuffle, Blosc zstd + bitshuffle, sharded
+zstd) it measures, on the same data:
 ``engine="kvikio"`` full load, ``read_zarr_gds``, zarr's GPU mode with ``LocalStore``,
 kvikio's ``GDSStore`` with zarr's GPU mode, CPU zarr + ``cupy.asarray``, and the raw
 ceiling (``kvikio.CuFile.read`` of one file of the same size, same thread count).
@@ -49,6 +50,16 @@ def write_stores(root: Path, size_gib: float, which: list[str]) -> dict[str, Pat
         "uncompressed": dict(t=n, chunks=(8, 1024, 1024), compressors=None),
         "zstd": dict(t=n, chunks=(1, 1024, 1024), compressors=zarr.codecs.ZstdCodec(level=1)),
         "lz4": dict(t=max(8, n // 4), chunks=(1, 1024, 1024), compressors=zn.LZ4()),
+        "blosc-lz4": dict(
+            t=max(8, n // 4),
+            chunks=(1, 1024, 1024),
+            compressors=zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+        ),
+        "blosc-zstd": dict(
+            t=max(8, n // 4),
+            chunks=(1, 1024, 1024),
+            compressors=zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle"),
+        ),
         "sharded-zstd": dict(
             t=n, chunks=(1, 1024, 1024), shards=(16, 1024, 1024), compressors=zarr.codecs.ZstdCodec(level=1)
         ),
@@ -187,7 +198,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/cupy-xarray-bench")
     ap.add_argument("--size-gib", type=float, default=4.0)
-    ap.add_argument("--stores", default="uncompressed,zstd,lz4,sharded-zstd")
+    ap.add_argument("--stores", default="uncompressed,zstd,lz4,blosc-lz4,blosc-zstd,sharded-zstd")
     ap.add_argument("--paths", default="all")
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)

@@ -29,9 +29,12 @@ _BYTES_CODECS = {
     "lz4": "lz4",
     "numcodecs.lz4": "lz4",
     "crc32c": "crc32c",
+    "blosc-lz4": "blosc-lz4",
+    "blosc-lz4hc": "blosc-lz4hc",
+    "blosc-zstd": "blosc-zstd",
 }
 #: compressors the engine decodes itself (on the GPU with nvCOMP)
-COMPRESSORS = frozenset({"zstd", "gzip", "zlib", "lz4"})
+COMPRESSORS = frozenset({"zstd", "gzip", "zlib", "lz4", "blosc-lz4", "blosc-lz4hc", "blosc-zstd"})
 _ENGINE_KINDS = frozenset("biufc")
 
 
@@ -128,6 +131,16 @@ def _native(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("=") if dtype.byteorder not in ("|", "=") else dtype
 
 
+def _blosc_name(conf: dict) -> str:
+    """``blosc-<cname>`` for Blosc with a compressor nvCOMP decodes, else Unsupported."""
+    from .blosc import CNAMES
+
+    cname = str(conf.get("cname", "lz4"))
+    if cname not in CNAMES:
+        raise Unsupported(f"blosc with {cname} is decoded by zarr-python on the CPU")
+    return f"blosc-{cname}"
+
+
 def _bytes_codecs_decode_order(names: list[str]) -> tuple[str, ...]:
     mapped = []
     for name in names:
@@ -155,7 +168,7 @@ def _recipe_v3(codecs: list[dict], shape: tuple[int, ...], dtype: np.dtype) -> C
             byteorder = {"little": "<", "big": ">", None: "|"}[endian]
             stage = "bytes"
         elif stage == "bytes":
-            rest.append(name)
+            rest.append(_blosc_name(conf) if name in ("blosc", "numcodecs.blosc") else name)
         else:
             raise Unsupported(f"codec {name!r} is decoded by zarr-python on the CPU")
     if stage != "bytes":
@@ -202,7 +215,8 @@ def _spec_v2(array: Any, dtype: np.dtype):
         raise Unsupported("v2 filters are decoded by zarr-python on the CPU")
     names = []
     if meta.compressor is not None:
-        names.append(meta.compressor.get_config()["id"])
+        conf = meta.compressor.get_config()
+        names.append(_blosc_name(conf) if conf["id"] == "blosc" else conf["id"])
     chunks = tuple(int(i) for i in meta.chunks)
     byteorder = dtype.byteorder if dtype.itemsize > 1 else "|"
     if byteorder == "=":

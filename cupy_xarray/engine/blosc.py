@@ -1,0 +1,470 @@
+"""Blosc 1 chunks: the layout is parsed on the host, the blocks are decoded on the device.
+
+A Blosc chunk is a 16-byte header, a table of block starts, and per block one stream
+(or one per byte of the element type, "split") of LZ4 or Zstd data, each prefixed by its
+compressed size; a stream whose size equals its decoded size is stored as is. After
+decoding, each block is unshuffled (byte shuffle or bit shuffle).
+
+:func:`layout` walks that structure with a few vectorized gathers of 4-byte integers
+(whatever device holds the bytes) and checks it, so that nothing malformed reaches nvCOMP.
+:func:`decode_chunks` then decodes every stream of a batch with one call per codec
+(``Device.codecs``) and unshuffles every block: NumPy on the CPU, one CUDA kernel on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .codecs import DecodeFailure, zstd_frame_lengths
+
+#: Blosc compressor format codes (header flags >> 5) the engine decodes
+FORMATS = {1: "lz4", 4: "zstd"}
+FORMAT_NAMES = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
+#: cnames whose chunks the engine decodes (lz4hc writes LZ4 blocks)
+CNAMES = {"lz4": "lz4", "lz4hc": "lz4", "zstd": "zstd"}
+
+_SHUFFLE, _MEMCPYED, _BITSHUFFLE, _DONT_SPLIT = 0x1, 0x2, 0x4, 0x10
+_MAX_SPLITS, _MIN_BUFFERSIZE = 16, 128
+MODE_NONE, MODE_BYTE, MODE_BIT, MODE_BIT_V2 = 0, 1, 2, 3
+
+
+class BloscLayoutError(ValueError):
+    """Chunk ``index`` of a batch is not a well-formed Blosc chunk."""
+
+    def __init__(self, index: int, message: str):
+        self.index = index
+        super().__init__(message)
+
+
+@dataclass
+class Layout:
+    """Where every stream and block of a batch of Blosc chunks lies.
+
+    Stream arrays (one entry per stream): ``src`` position of the compressed bytes in
+    the buffer, ``clen`` their length, ``dlen`` the decoded length, ``raw`` stored
+    uncompressed, ``chunk`` the chunk it belongs to, ``algo`` "lz4" or "zstd" per chunk.
+    Block arrays: ``out`` byte offset of the block in its chunk, ``bsize``, ``typesize``,
+    ``mode`` (none, byte, bit, bit in format 2), ``nsplits``, ``s0`` its first stream,
+    ``bchunk`` its chunk.
+    """
+
+    src: np.ndarray
+    clen: np.ndarray
+    dlen: np.ndarray
+    raw: np.ndarray
+    chunk: np.ndarray
+    out: np.ndarray
+    bsize: np.ndarray
+    typesize: np.ndarray
+    mode: np.ndarray
+    nsplits: np.ndarray
+    s0: np.ndarray
+    bchunk: np.ndarray
+    algo: list[str]
+
+
+def layout(read_u32: Any, starts: np.ndarray, lengths: np.ndarray, expected: int, cname: str) -> Layout:
+    """Parse and check the structure of a batch of Blosc chunks.
+
+    Parameters
+    ----------
+    read_u32
+        ``read_u32(positions) -> np.ndarray`` of little-endian uint32 at byte positions of
+        the buffer holding the chunks (one gather per call, on any device).
+    starts, lengths
+        Each chunk's position and stored length in that buffer.
+    expected
+        Decoded bytes of every chunk.
+    cname
+        The compressor the array's metadata names.
+
+    Raises
+    ------
+    BloscLayoutError
+        Naming the chunk, for anything that does not add up.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(starts)
+    for i in np.flatnonzero(lengths < 16):
+        raise BloscLayoutError(int(i), f"{lengths[i]} bytes is too short for a Blosc chunk")
+    words = read_u32((starts[:, None] + np.arange(0, 16, 4)[None, :]).reshape(-1)).reshape(n, 4)
+    version = words[:, 0] & 0xFF
+    flags = (words[:, 0] >> 16) & 0xFF
+    typesize = ((words[:, 0] >> 24) & 0xFF).astype(np.int64)
+    nbytes, blocksize, cbytes = (words[:, k].astype(np.int64) for k in (1, 2, 3))
+    want = CNAMES[cname]
+    for i in range(n):
+        fmt = int(flags[i]) >> 5
+        problem = None
+        if version[i] not in (1, 2, 3) or typesize[i] == 0:
+            problem = f"not a Blosc 1 chunk (version {version[i]}, typesize {typesize[i]})"
+        elif nbytes[i] != expected:
+            problem = f"Blosc header declares {nbytes[i]} decoded bytes, expected {expected}"
+        elif cbytes[i] != lengths[i]:
+            problem = (
+                f"Blosc header declares {cbytes[i]} stored bytes, the chunk has {lengths[i]} (truncated?)"
+            )
+        elif blocksize[i] <= 0 or (blocksize[i] > nbytes[i] and nbytes[i] > 0):
+            problem = f"Blosc block size {blocksize[i]} does not fit {nbytes[i]} bytes"
+        elif not flags[i] & _MEMCPYED and FORMATS.get(fmt) != want:
+            problem = f"chunk is compressed with {FORMAT_NAMES.get(fmt, fmt)}, the metadata says {cname}"
+        if problem:
+            raise BloscLayoutError(i, problem + " (corrupt chunk)")
+
+    src, clen, dlen, raw, schunk = [], [], [], [], []
+    b_out, b_size, b_ts, b_mode, b_ns, b_s0, b_chunk = [], [], [], [], [], [], []
+    # compressed chunks: block starts, then the split prefixes, walked split by split
+    comp = [i for i in range(n) if not flags[i] & _MEMCPYED and nbytes[i] > 0]
+    nblocks = {i: int(-(-nbytes[i] // blocksize[i])) for i in comp}
+    bpos = np.concatenate(
+        [starts[i] + 16 + 4 * np.arange(nblocks[i], dtype=np.int64) for i in comp] or [np.zeros(0, np.int64)]
+    )
+    bstarts = read_u32(bpos).astype(np.int64) if len(bpos) else np.zeros(0, np.int64)
+    block_rows = []  # (chunk, block index, bsize, nsplits, start)
+    k = 0
+    for i in comp:
+        ts, bs, nb = int(typesize[i]), int(blocksize[i]), nblocks[i]
+        dont_split = bool(flags[i] & _DONT_SPLIT)
+        for j in range(nb):
+            leftover = j == nb - 1 and nbytes[i] % bs != 0
+            size = int(nbytes[i] - j * bs) if leftover else bs
+            split = not dont_split and ts <= _MAX_SPLITS and size // ts >= _MIN_BUFFERSIZE and not leftover
+            start = int(bstarts[k])
+            k += 1
+            if not 16 + 4 * nb <= start < lengths[i]:
+                raise BloscLayoutError(
+                    i, f"Blosc block {j} starts at {start}, outside the chunk (corrupt chunk)"
+                )
+            block_rows.append((i, j, size, ts if split else 1, start))
+    # walk the streams of all blocks together: split s of every block at once
+    pos = np.array([starts[r[0]] + r[4] for r in block_rows], dtype=np.int64)
+    end = np.array([starts[r[0]] + lengths[r[0]] for r in block_rows], dtype=np.int64)
+    nsp = np.array([r[3] for r in block_rows], dtype=np.int64)
+    per_block: list[list[tuple[int, int]]] = [[] for _ in block_rows]
+    for s in range(int(nsp.max()) if len(nsp) else 0):
+        live = np.flatnonzero(nsp > s)
+        if (pos[live] + 4 > end[live]).any():
+            b = int(live[np.argmax(pos[live] + 4 > end[live])])
+            raise BloscLayoutError(
+                block_rows[b][0], "Blosc stream runs past the end of the chunk (truncated?)"
+            )
+        sizes = read_u32(pos[live]).astype(np.int64)
+        for b, c in zip(live, sizes):
+            row = block_rows[b]
+            neblock = row[2] // row[3]
+            if c <= 0 or c > neblock or pos[b] + 4 + c > end[b]:
+                raise BloscLayoutError(
+                    row[0], f"Blosc block {row[1]} stream {s} claims {c} bytes (truncated or corrupt chunk)"
+                )
+            per_block[b].append((int(pos[b] + 4), int(c)))
+        pos[live] += 4 + sizes
+    for b, row in enumerate(block_rows):
+        i, j, size, ns, _ = row
+        neblock = size // ns
+        mode = _mode(int(flags[i]), int(typesize[i]), int(version[i]))
+        b_out.append(j * int(blocksize[i]))
+        b_size.append(size)
+        b_ts.append(int(typesize[i]))
+        b_mode.append(mode)
+        b_ns.append(ns)
+        b_s0.append(len(src))
+        b_chunk.append(i)
+        for p, c in per_block[b]:
+            src.append(p)
+            clen.append(c)
+            dlen.append(neblock)
+            raw.append(c == neblock)
+            schunk.append(i)
+    # memcpyed chunks: one raw block holding everything, not shuffled
+    for i in range(n):
+        if flags[i] & _MEMCPYED and nbytes[i] > 0:
+            if lengths[i] != 16 + nbytes[i]:
+                raise BloscLayoutError(i, "uncompressed Blosc chunk has the wrong length (corrupt chunk)")
+            b_out.append(0)
+            b_size.append(int(nbytes[i]))
+            b_ts.append(1)
+            b_mode.append(MODE_NONE)
+            b_ns.append(1)
+            b_s0.append(len(src))
+            b_chunk.append(i)
+            src.append(int(starts[i] + 16))
+            clen.append(int(nbytes[i]))
+            dlen.append(int(nbytes[i]))
+            raw.append(True)
+            schunk.append(i)
+    algo = [FORMATS.get(int(flags[i]) >> 5, want) for i in range(n)]
+
+    def a(x, dt=np.int64):
+        return np.asarray(x, dtype=dt)
+
+    return Layout(
+        a(src), a(clen), a(dlen), a(raw, bool), a(schunk),
+        a(b_out), a(b_size), a(b_ts), a(b_mode), a(b_ns), a(b_s0), a(b_chunk), algo,
+    )  # fmt: skip
+
+
+def _mode(flags: int, typesize: int, version: int) -> int:
+    if flags & _SHUFFLE and typesize > 1:
+        return MODE_BYTE
+    if flags & _BITSHUFFLE:
+        return MODE_BIT_V2 if version <= 2 else MODE_BIT
+    return MODE_NONE
+
+
+def unshuffle_block(shuffled: np.ndarray, typesize: int, mode: int) -> np.ndarray:
+    """Undo Blosc's byte or bit shuffle of one block (NumPy; the GPU kernel's twin)."""
+    size = len(shuffled)
+    if mode == MODE_NONE or typesize <= 1 and mode == MODE_BYTE:
+        return shuffled
+    out = shuffled.copy()
+    n = size // typesize
+    if mode == MODE_BYTE:
+        out[: n * typesize] = shuffled[: n * typesize].reshape(typesize, n).T.reshape(-1)
+        return out
+    if mode == MODE_BIT_V2 and n % 8:
+        return out  # format 2 left such blocks as they were
+    n8 = n - n % 8
+    if n8 == 0:
+        return out
+    bits = np.unpackbits(shuffled[: n8 * typesize].reshape(typesize * 8, n8 // 8), axis=1, bitorder="little")
+    # bits[b * 8 + k, e] is bit k of byte b of element e
+    planes = bits.reshape(typesize, 8, n8).transpose(2, 0, 1)  # element, byte, bit
+    out[: n8 * typesize] = np.packbits(planes, axis=2, bitorder="little").reshape(-1)
+    return out
+
+
+def decode_chunks(
+    buffer: Any, lay: Layout, nchunks: int, expected: int, device: Any
+) -> tuple[list[Any], list[Any]]:
+    """Decode every stream and unshuffle every block.
+
+    Returns the buffers to keep alive until the device is synchronized, and one view of
+    decoded bytes per chunk.
+
+    Raises
+    ------
+    BloscLayoutError
+        Naming the chunk whose stream did not decode.
+    """
+    xp = device.xp
+    out = device.empty((max(nchunks * expected, 1),), np.uint8)
+    comp = np.flatnonzero(~lay.raw)
+    owners: list[Any] = [out]
+    ptr = np.zeros(len(lay.src), dtype=np.uint64)  # GPU: where each decoded stream lies
+    decoded: dict[int, Any] = {}  # CPU: each decoded stream
+    algos = np.array([lay.algo[int(c)] for c in lay.chunk[comp]], dtype=object)
+    for algo in sorted(set(algos)):
+        idx = comp[algos == algo]
+        if algo == "zstd":
+            _check_zstd(xp, buffer, lay, idx)
+        if device.name == "gpu" and _carve_supported(device):
+            owners.append(_decode_gpu(device, algo, buffer, lay, idx, ptr))
+            continue
+        srcs = _sources(xp, buffer, lay.src[idx], lay.clen[idx], device)
+        result = _decode_streams(device, algo, srcs, lay, idx)
+        for s, d in zip(idx, result):
+            decoded[int(s)] = d
+            if device.name == "gpu":
+                ptr[s] = d.data.ptr
+        owners.append(result)  # nvCOMP's buffers: alive until the unshuffle kernel has run
+    if device.name == "gpu":
+        raw = np.flatnonzero(lay.raw)
+        ptr[raw] = np.uint64(buffer.data.ptr) + lay.src[raw].astype(np.uint64)
+        _unshuffle_gpu(xp, out, lay, ptr, expected)
+    else:
+        _unshuffle_cpu(buffer, out, lay, decoded, expected)
+    return owners, [out[i * expected : (i + 1) * expected] for i in range(nchunks)]
+
+
+def _decode_streams(device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray) -> list[Any]:
+    """Decode with ``Device.codecs`` (one batched call); check every decoded length."""
+    try:
+        result = device.codecs.decode(algo, srcs, [int(lay.dlen[s]) for s in idx])
+    except DecodeFailure as exc:
+        raise BloscLayoutError(int(lay.chunk[idx[exc.index]]), f"Blosc {algo} stream: {exc}") from exc
+    for s, d in zip(idx, result):
+        if len(d) != lay.dlen[s]:
+            raise BloscLayoutError(
+                int(lay.chunk[s]), f"Blosc {algo} stream decoded to {len(d)} bytes, expected {lay.dlen[s]}"
+            )
+    return result
+
+
+def _carve_supported(device: Any) -> bool:
+    nv = getattr(device.codecs, "_nvcomp", None)
+    return nv is not None and hasattr(nv, "as_arrays")
+
+
+def _aligned_slots(lengths: np.ndarray, align: int = 16) -> tuple[np.ndarray, int]:
+    slots = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths) > 1:
+        slots[1:] = np.cumsum(-(-lengths[:-1] // align) * align)
+    total = int(slots[-1] + lengths[-1]) if len(lengths) else 0
+    return slots, total + align
+
+
+def _decode_gpu(device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarray, ptr: np.ndarray) -> Any:
+    """Decode all streams of one codec into 16-byte aligned slots of one buffer (no per-stream
+    Python objects): nvCOMP batches carved from the staging and output buffers."""
+    xp, nv = device.xp, device.codecs._nvcomp
+    src, clen, dlen = lay.src[idx], lay.clen[idx], lay.dlen[idx]
+    source = buffer
+    if (src % 16).any():  # nvCOMP wants aligned inputs: pack the streams into aligned slots
+        slots, total = _aligned_slots(clen)
+        source = xp.empty((total,), dtype=xp.uint8)
+        _batched_copy(xp, buffer, source, src, slots, clen)
+        src = slots
+    dst, total = _aligned_slots(dlen)
+    target = xp.empty((total,), dtype=xp.uint8)
+    # nvCOMP runs on its own stream: what our stream wrote (and freed) must be done first
+    xp.cuda.get_current_stream().synchronize()
+    try:
+        srcs = nv.as_arrays(source, src.tolist(), clen.tolist())
+        outs = nv.as_arrays(target, dst.tolist(), dlen.tolist())
+        result = device.codecs._codec(algo).decode(srcs, out=outs)
+        sizes = getattr(result, "buffer_sizes", None)
+        sizes = sizes() if callable(sizes) else sizes
+        if sizes is None:
+            sizes = [len(result[i]) for i in range(len(idx))]
+        bad = np.flatnonzero(np.asarray(sizes, dtype=np.int64) != dlen)
+    except Exception:  # noqa: BLE001 - find the stream and say which chunk it belongs to
+        views = [source[int(p) : int(p) + int(c)] for p, c in zip(src, clen)]
+        _decode_streams(device, algo, views, lay, idx)
+        raise
+    if len(bad):
+        s = int(idx[bad[0]])
+        raise BloscLayoutError(
+            int(lay.chunk[s]), f"Blosc {algo} stream decoded to {sizes[bad[0]]} bytes, expected {lay.dlen[s]}"
+        )
+    ptr[idx] = np.uint64(target.data.ptr) + dst.astype(np.uint64)
+    return (source, target, result)
+
+
+def _sources(xp: Any, buffer: Any, src: np.ndarray, clen: np.ndarray, device: Any) -> list[Any]:
+    """Views of the compressed streams, copied to 16-byte aligned slots where nvCOMP needs it."""
+    if device.name != "gpu" or not len(src) or not (src % 16).any():
+        return [buffer[int(p) : int(p) + int(c)] for p, c in zip(src, clen)]
+    slots, total = _aligned_slots(clen)
+    packed = xp.empty((total,), dtype=xp.uint8)
+    _batched_copy(xp, buffer, packed, src, slots, clen)
+    return [packed[int(p) : int(p) + int(c)] for p, c in zip(slots, clen)]
+
+
+def _check_zstd(xp: Any, buffer: Any, lay: Layout, idx: list[int]) -> None:
+    """Walk each zstd frame's block headers before nvCOMP sees it (garbage can fault the GPU)."""
+    offs, lens = lay.src[idx], lay.clen[idx]
+    lengths = zstd_frame_lengths(xp, buffer, offs, lens)
+    for s, n, c in zip(idx, lengths, lens):
+        if n != c:
+            raise BloscLayoutError(
+                int(lay.chunk[s]), "Blosc zstd stream is not a whole zstd frame (corrupt chunk)"
+            )
+
+
+def _unshuffle_cpu(buffer: np.ndarray, out: np.ndarray, lay: Layout, decoded: dict, expected: int) -> None:
+    for b in range(len(lay.out)):
+        s0, ns = int(lay.s0[b]), int(lay.nsplits[b])
+        parts = [
+            buffer[int(lay.src[s]) : int(lay.src[s] + lay.clen[s])] if lay.raw[s] else decoded[s]
+            for s in range(s0, s0 + ns)
+        ]
+        block = np.concatenate(parts) if ns > 1 else parts[0]
+        start = int(lay.bchunk[b]) * expected + int(lay.out[b])
+        out[start : start + int(lay.bsize[b])] = unshuffle_block(
+            block, int(lay.typesize[b]), int(lay.mode[b])
+        )
+
+
+_KERNELS: dict[str, Any] = {}
+
+_SOURCE = r"""
+extern "C" __global__ void batched_copy(const unsigned char* src, unsigned char* dst,
+        const long long* soff, const long long* doff, const long long* len) {
+    long long seg = blockIdx.x;
+    const unsigned char* s = src + soff[seg];
+    unsigned char* d = dst + doff[seg];
+    for (long long i = threadIdx.x; i < len[seg]; i += blockDim.x) d[i] = s[i];
+}
+
+extern "C" __global__ void blosc_unshuffle(unsigned char* out, const long long* bout,
+        const int* bsize, const int* bts, const int* bmode, const int* bns, const long long* bs0,
+        const unsigned long long* sptr) {
+    long long blk = blockIdx.y;
+    int size = bsize[blk], ts = bts[blk], mode = bmode[blk], ns = bns[blk];
+    long long s0 = bs0[blk];
+    int neblock = size / ns;
+    unsigned char* o = out + bout[blk];
+    int n = size / ts;
+    int n8 = n - n % 8;
+    bool identity_bits = (mode == 3 && (n % 8) != 0);
+    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < size;
+         p += (long long)gridDim.x * blockDim.x) {
+        long long i = p;
+        if (mode == 1 && ts > 1 && p < (long long)n * ts) {
+            i = (p % ts) * n + p / ts;
+        } else if ((mode == 2 || mode == 3) && !identity_bits && p < (long long)n8 * ts) {
+            long long e = p / ts, b = p % ts;
+            int row = n8 / 8;
+            unsigned char v = 0;
+            for (int k = 0; k < 8; k++) {
+                long long q = (b * 8 + k) * row + e / 8;
+                const unsigned char* sp = (const unsigned char*)sptr[s0 + q / neblock];
+                v |= ((sp[q % neblock] >> (e % 8)) & 1) << k;
+            }
+            o[p] = v;
+            continue;
+        }
+        const unsigned char* sp = (const unsigned char*)sptr[s0 + i / neblock];
+        o[p] = sp[i % neblock];
+    }
+}
+"""
+
+
+def _kernel(name: str):
+    if name not in _KERNELS:
+        import cupy
+
+        module = cupy.RawModule(code=_SOURCE)
+        _KERNELS["batched_copy"] = module.get_function("batched_copy")
+        _KERNELS["blosc_unshuffle"] = module.get_function("blosc_unshuffle")
+    return _KERNELS[name]
+
+
+def _batched_copy(xp: Any, src: Any, dst: Any, soff: np.ndarray, doff: np.ndarray, lens: np.ndarray) -> None:
+    if not len(lens):
+        return
+    args = (
+        src,
+        dst,
+        xp.asarray(soff, dtype=xp.int64),
+        xp.asarray(doff, dtype=xp.int64),
+        xp.asarray(lens, dtype=xp.int64),
+    )
+    _kernel("batched_copy")((len(lens),), (256,), args)
+
+
+def _unshuffle_gpu(xp: Any, out: Any, lay: Layout, ptr: np.ndarray, expected: int) -> None:
+    nblocks = len(lay.out)
+    if not nblocks:
+        return
+    bout = lay.bchunk * expected + lay.out
+    grid_x = int(min(64, -(-int(lay.bsize.max()) // 256)))
+    args = (
+        out,
+        xp.asarray(bout, dtype=xp.int64),
+        xp.asarray(lay.bsize, dtype=xp.int32),
+        xp.asarray(lay.typesize, dtype=xp.int32),
+        xp.asarray(lay.mode, dtype=xp.int32),
+        xp.asarray(lay.nsplits, dtype=xp.int32),
+        xp.asarray(lay.s0, dtype=xp.int64),
+        xp.asarray(ptr),
+    )
+    for first in range(0, nblocks, 65535):  # grid.y is limited to 65535
+        sl = slice(first, min(nblocks, first + 65535))
+        part = (args[0],) + tuple(a[sl] for a in args[1:7]) + (args[7],)
+        _kernel("blosc_unshuffle")((grid_x, sl.stop - sl.start), (256,), part)

@@ -1,0 +1,137 @@
+"""Blosc decoded by the engine (GPU: nvCOMP + unshuffle kernel) against numcodecs, exactly."""
+
+from __future__ import annotations
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from conftest import expected_type, host, module_of
+
+from cupy_xarray.device import resolve_device
+from cupy_xarray.engine import array_spec, describe, read_arrays
+from cupy_xarray.engine import blosc as eb
+from cupy_xarray.errors import ChunkError
+
+SHUFFLES = {
+    "noshuffle": numcodecs.Blosc.NOSHUFFLE,
+    "shuffle": numcodecs.Blosc.SHUFFLE,
+    "bitshuffle": numcodecs.Blosc.BITSHUFFLE,
+}
+DTYPES = {1: "u1", 2: "i2", 4: "f4", 8: "f8", 16: "c16"}
+
+
+def _field(dtype, shape):
+    n = int(np.prod(shape))
+    x = np.sin(np.arange(n) / 300.0) * 1000 + (np.arange(n) % 13)
+    dt = np.dtype(dtype)
+    if dt.kind == "c":
+        return (x + 1j * x[::-1]).astype(dt).reshape(shape)
+    if dt.kind == "u":
+        return (x % 251).astype(dt).reshape(shape)
+    return x.astype(dt).reshape(shape)
+
+
+def _layout_of(encoded: bytes, expected: int, cname: str):
+    buf = np.frombuffer(encoded, dtype=np.uint8)
+
+    def read_u32(pos):
+        raw = buf[pos[:, None] + np.arange(4)[None, :]].astype(np.uint32)
+        return raw[:, 0] | raw[:, 1] << 8 | raw[:, 2] << 16 | raw[:, 3] << 24
+
+    return buf, eb.layout(read_u32, np.array([0]), np.array([len(buf)]), expected, cname)
+
+
+@pytest.mark.parametrize("cname", ["lz4", "lz4hc", "zstd"])
+@pytest.mark.parametrize("shuffle", list(SHUFFLES))
+@pytest.mark.parametrize("typesize", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("clevel", [1, 5, 9])
+@pytest.mark.parametrize("blocksize", [0, 256, 4096, 100_000])
+def test_chunk_decoding_matches_numcodecs(device, cname, shuffle, typesize, clevel, blocksize):
+    """Every cname x shuffle x typesize x clevel x block size, incl. leftover blocks and splits."""
+    data = _field(DTYPES[typesize], (37, 101))
+    codec = numcodecs.Blosc(cname=cname, clevel=clevel, shuffle=SHUFFLES[shuffle], blocksize=blocksize)
+    encoded = codec.encode(data)
+    expected = data.nbytes
+    buf, lay = _layout_of(encoded, expected, cname)
+    dev = resolve_device(device)
+    buffer = dev.asarray(buf)
+    _, views = eb.decode_chunks(buffer, lay, 1, expected, dev)
+    got = host(views[0])
+    np.testing.assert_array_equal(got, np.frombuffer(codec.decode(encoded), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("cname", ["lz4", "zstd", "blosclz"])
+@pytest.mark.parametrize("shuffle", ["shuffle", "bitshuffle"])
+def test_arrays(tmp_path, device, fmt, cname, shuffle):
+    """Through zarr stores (v2 numcodecs Blosc, v3 blosc codec), with missing chunks."""
+    if fmt == 2:
+        comp = numcodecs.Blosc(cname=cname, clevel=5, shuffle=SHUFFLES[shuffle])
+    else:
+        comp = zarr.codecs.BloscCodec(cname=cname, clevel=5, shuffle=shuffle)
+    arr = zarr.create_array(
+        tmp_path / "a.zarr",
+        shape=(50, 40, 3),
+        chunks=(16, 16, 3),
+        dtype="f4",
+        zarr_format=fmt,
+        compressors=comp,
+    )
+    arr[:] = _field("f4", (50, 40, 3))
+    arr[16:32] = 0
+    dev = resolve_device(device)
+    spec = array_spec(arr)
+    assert (spec.fallback is None) == (cname != "blosclz"), describe(spec, dev)
+    for sel in [(slice(None),), (slice(3, 47, 5), np.array([39, 0, 17]), 1)]:
+        (got,) = read_arrays([(spec, sel)], dev)
+        assert module_of(got) == expected_type(device)
+        want = arr[...][sel[0]] if len(sel) == 1 else arr[...][sel[0]][:, sel[1], sel[2]]
+        np.testing.assert_array_equal(host(got), want)
+
+
+def test_sharded_blosc(tmp_path, device):
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=(64, 64), chunks=(16, 16), shards=(32, 64), dtype="i4",
+        compressors=zarr.codecs.BloscCodec(cname="zstd", shuffle="bitshuffle"),
+    )  # fmt: skip
+    arr[:] = _field("i4", (64, 64))
+    (got,) = read_arrays([(array_spec(arr), (slice(None),))], resolve_device(device))
+    np.testing.assert_array_equal(host(got), arr[...])
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda b: b[:40], "truncated"),
+        (lambda b: b[:16] + bytes(len(b) - 16), "outside the chunk|claims"),
+        (lambda b: bytes([9]) + b[1:], "not a Blosc 1 chunk"),
+        (lambda b: b[:4] + (123).to_bytes(4, "little") + b[8:], "declares 123 decoded bytes"),
+    ],
+    ids=["truncated", "zeroed-body", "bad-version", "wrong-size"],
+)
+def test_corrupt_blosc_chunk(tmp_path, device, damage, match):
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=(64, 64), chunks=(32, 64), dtype="f4",
+        compressors=zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle"),
+    )  # fmt: skip
+    arr[:] = _field("f4", (64, 64))
+    chunk = tmp_path / "a.zarr" / "c" / "1" / "0"
+    chunk.write_bytes(damage(chunk.read_bytes()))
+    with pytest.raises(ChunkError, match=match) as info:
+        read_arrays([(array_spec(arr), (slice(None),))], resolve_device(device))
+    assert info.value.chunk == "c/1/0"
+
+
+def test_compressor_that_lies(tmp_path):
+    """A chunk compressed with blosclz in an array whose metadata says lz4 is refused."""
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=(64,), chunks=(64,), dtype="f4",
+        compressors=zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle"),
+    )  # fmt: skip
+    arr[:] = _field("f4", (64,))
+    (tmp_path / "a.zarr" / "c" / "0").write_bytes(
+        numcodecs.Blosc(cname="blosclz", shuffle=1).encode(_field("f4", (64,)))
+    )
+    with pytest.raises(ChunkError, match="compressed with blosclz, the metadata says lz4"):
+        read_arrays([(array_spec(arr), (slice(None),))], resolve_device("cpu"))
