@@ -82,9 +82,7 @@ def main() -> None:
         for r in rows:
             r.update(tchunk=tchunk, tasks_per_gpu=tpw, speedup=r["gbps"] / one["gbps"])
         results.extend(rows)
-    print(
-        f"\nstore: {store} ({results[0]['bytes'] / 2**30:.1f} GiB decoded, zstd); mean('t') + std()"
-    )
+    print(f"\nstore: {store} ({results[0]['bytes'] / 2**30:.1f} GiB decoded, zstd); mean('t') + std()")
     print("| dask chunk (t) | tasks per GPU | GPUs | seconds | GB/s | speed-up vs 1 GPU |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in results:

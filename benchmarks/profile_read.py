@@ -26,6 +26,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/cupy-xarray-prof")
     ap.add_argument("--gib", type=float, default=1.0)
+    ap.add_argument("--only", default="", help="comma-separated store labels")
+    ap.add_argument("--batches", default="256,1024,4096", help="batch sizes in MiB")
+    ap.add_argument("--no-nvcomp", action="store_true", help="skip the nvCOMP-alone timings")
     args = ap.parse_args()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -37,7 +40,15 @@ def main() -> None:
         ("zstd-4MiB", (1, 1024, 1024), zarr.codecs.ZstdCodec(level=1)),
         ("zstd-1MiB", (1, 512, 512), zarr.codecs.ZstdCodec(level=1)),
         ("none-4MiB", (1, 1024, 1024), None),
+        ("blosc-lz4-4MiB", (1, 1024, 1024), zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")),
+        (
+            "blosc-zstd-4MiB",
+            (1, 1024, 1024),
+            zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle"),
+        ),
     ]:
+        if args.only and label not in args.only.split(","):
+            continue
         path = root / f"{label}.zarr"
         if not path.exists():
             xr.Dataset({"f": (("t", "y", "x"), data)}).to_zarr(
@@ -45,8 +56,15 @@ def main() -> None:
             )
         ds = xr.open_dataset(path, engine="kvikio")
         spec = find_backend_array(ds.f.variable._data, KvikioBackendArray).spec
+        print(reader.describe(spec, resolve_device("gpu")), flush=True)
+        if label.startswith("blosc"):
+            head = next(p for p in sorted((path / "f" / "c").rglob("*")) if p.is_file()).read_bytes()[:16]
+            print(
+                f"  blosc header: flags {head[2]:#x} typesize {head[3]} nbytes "
+                f"{int.from_bytes(head[4:8], 'little')} blocksize {int.from_bytes(head[8:12], 'little')}"
+            )
         dev = resolve_device("gpu", 16)
-        for batch in (256 * 2**20, 1024 * 2**20, 4096 * 2**20):
+        for batch in (int(b) * 2**20 for b in args.batches.split(",")):
             read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)  # warm
             t0 = time.perf_counter()
             (out,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)
@@ -59,6 +77,8 @@ def main() -> None:
                 f"({dt * 1e3:.0f} ms) phases ms {stats}",
                 flush=True,
             )
+    if args.no_nvcomp:
+        return
     # nvCOMP alone on the zstd chunks, already in GPU memory
     from nvidia import nvcomp
 

@@ -238,7 +238,7 @@ def unshuffle_block(shuffled: np.ndarray, typesize: int, mode: int) -> np.ndarra
 
 
 def decode_chunks(
-    buffer: Any, lay: Layout, nchunks: int, expected: int, device: Any
+    buffer: Any, lay: Layout, nchunks: int, expected: int, device: Any, lap: Any = None
 ) -> tuple[list[Any], list[Any]]:
     """Decode every stream and unshuffle every block.
 
@@ -271,12 +271,16 @@ def decode_chunks(
             if device.name == "gpu":
                 ptr[s] = d.data.ptr
         owners.append(result)  # nvCOMP's buffers: alive until the unshuffle kernel has run
+    if lap:
+        lap("blosc decode")
     if device.name == "gpu":
         raw = np.flatnonzero(lay.raw)
         ptr[raw] = np.uint64(buffer.data.ptr) + lay.src[raw].astype(np.uint64)
         _unshuffle_gpu(xp, out, lay, ptr, expected)
     else:
         _unshuffle_cpu(buffer, out, lay, decoded, expected)
+    if lap:
+        lap("blosc unshuffle")
     return owners, [out[i * expected : (i + 1) * expected] for i in range(nchunks)]
 
 

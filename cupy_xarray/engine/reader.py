@@ -245,8 +245,7 @@ def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
             continue
         expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
         if name.startswith("blosc-"):
-            _decode_blosc(tasks, name[len("blosc-") :], expected, device)
-            clock.lap("decode blosc")
+            _decode_blosc(tasks, name[len("blosc-") :], expected, device, clock)
             continue
         _check_frames(tasks, name, expected, device)
         raw = []
@@ -268,7 +267,7 @@ def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
         clock.lap(f"decode {name}")
 
 
-def _decode_blosc(tasks: list[_Task], cname: str, expected: int, device: Device) -> None:
+def _decode_blosc(tasks: list[_Task], cname: str, expected: int, device: Device, clock: _Clock) -> None:
     """Blosc chunks: structure checked on the host, streams decoded in batches, blocks unshuffled."""
     xp = device.xp
     staging = tasks[0].staging
@@ -287,7 +286,8 @@ def _decode_blosc(tasks: list[_Task], cname: str, expected: int, device: Device)
 
     try:
         lay = blosc.layout(read_u32, starts, lengths, expected, cname)
-        owners, views = blosc.decode_chunks(buffer, lay, len(tasks), expected, device)
+        clock.lap("blosc layout")
+        owners, views = blosc.decode_chunks(buffer, lay, len(tasks), expected, device, clock.lap)
     except blosc.BloscLayoutError as exc:
         raise tasks[exc.index].error(str(exc)) from exc
     for t, v in zip(tasks, views):
