@@ -239,3 +239,19 @@ def test_read_zarr_gds_refuses_too(tmp_path, device):
     with pytest.raises(UnsafeStoreError):
         cupy_xarray.read_zarr_gds(store, device=device, group="../x")
     assert issubclass(UnsafeStoreError, StoreError)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_chunk_key_separator_outside_the_spec(tmp_path, device, fmt):
+    store = tmp_path / "s.zarr"
+    _write(store, fmt, consolidated=False)
+    meta_path = store / "a" / ("zarr.json" if fmt == 3 else ".zarray")
+    meta = json.loads(meta_path.read_text())
+    if fmt == 3:
+        meta["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": "/../"}}
+    else:
+        meta["dimension_separator"] = "/../"
+    meta_path.write_text(json.dumps(meta))
+    with Sentinel(tmp_path / "sentinel"), pytest.raises(StoreError, match=r"separator") as info:
+        _open(store, device).a.load()
+    assert "s.zarr" in str(info.value)

@@ -67,7 +67,7 @@ class Layout:
 
 
 def layout(read_u32: Any, starts: np.ndarray, lengths: np.ndarray, expected: int, cname: str) -> Layout:
-    """Parse and check the structure of a batch of Blosc chunks.
+    """Parse and check the structure of a batch of Blosc chunks (vectorized over blocks).
 
     Parameters
     ----------
@@ -92,127 +92,120 @@ def layout(read_u32: Any, starts: np.ndarray, lengths: np.ndarray, expected: int
     for i in np.flatnonzero(lengths < 16):
         raise BloscLayoutError(int(i), f"{lengths[i]} bytes is too short for a Blosc chunk")
     words = read_u32((starts[:, None] + np.arange(0, 16, 4)[None, :]).reshape(-1)).reshape(n, 4)
-    version = words[:, 0] & 0xFF
-    flags = (words[:, 0] >> 16) & 0xFF
+    version = (words[:, 0] & 0xFF).astype(np.int64)
+    flags = ((words[:, 0] >> 16) & 0xFF).astype(np.int64)
     typesize = ((words[:, 0] >> 24) & 0xFF).astype(np.int64)
     nbytes, blocksize, cbytes = (words[:, k].astype(np.int64) for k in (1, 2, 3))
+    fmt = flags >> 5
+    memcpyed = (flags & _MEMCPYED) != 0
     want = CNAMES[cname]
-    for i in range(n):
-        fmt = int(flags[i]) >> 5
-        problem = None
-        if version[i] not in (1, 2, 3) or typesize[i] == 0:
-            problem = f"not a Blosc 1 chunk (version {version[i]}, typesize {typesize[i]})"
-        elif nbytes[i] != expected:
-            problem = f"Blosc header declares {nbytes[i]} decoded bytes, expected {expected}"
-        elif cbytes[i] != lengths[i]:
-            problem = (
-                f"Blosc header declares {cbytes[i]} stored bytes, the chunk has {lengths[i]} (truncated?)"
-            )
-        elif blocksize[i] <= 0 or (blocksize[i] > nbytes[i] and nbytes[i] > 0):
-            problem = f"Blosc block size {blocksize[i]} does not fit {nbytes[i]} bytes"
-        elif not flags[i] & _MEMCPYED and FORMATS.get(fmt) != want:
-            problem = f"chunk is compressed with {FORMAT_NAMES.get(fmt, fmt)}, the metadata says {cname}"
-        if problem:
-            raise BloscLayoutError(i, problem + " (corrupt chunk)")
+    fmt_ok = np.array([FORMATS.get(int(f)) == want for f in range(8)])[fmt] | memcpyed
+    checks = [
+        (~np.isin(version, (1, 2, 3)) | (typesize == 0), "not a Blosc 1 chunk (version {v}, typesize {t})"),
+        (nbytes != expected, "Blosc header declares {nb} decoded bytes, expected {e}"),
+        (cbytes != lengths, "Blosc header declares {cb} stored bytes, the chunk has {ln} (truncated?)"),
+        (
+            (blocksize <= 0) | ((blocksize > nbytes) & (nbytes > 0)),
+            "Blosc block size {bs} does not fit {nb} bytes",
+        ),
+        (~fmt_ok, "chunk is compressed with {f}, the metadata says {c}"),
+    ]
+    for bad, message in checks:
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            text = message.format(
+                v=version[i], t=typesize[i], nb=nbytes[i], e=expected, cb=cbytes[i], ln=lengths[i],
+                bs=blocksize[i], f=FORMAT_NAMES.get(int(fmt[i]), int(fmt[i])), c=cname,
+            )  # fmt: skip
+            raise BloscLayoutError(i, text + " (corrupt chunk)")
 
-    src, clen, dlen, raw, schunk = [], [], [], [], []
-    b_out, b_size, b_ts, b_mode, b_ns, b_s0, b_chunk = [], [], [], [], [], [], []
-    # compressed chunks: block starts, then the split prefixes, walked split by split
-    comp = [i for i in range(n) if not flags[i] & _MEMCPYED and nbytes[i] > 0]
-    nblocks = {i: int(-(-nbytes[i] // blocksize[i])) for i in comp}
-    bpos = np.concatenate(
-        [starts[i] + 16 + 4 * np.arange(nblocks[i], dtype=np.int64) for i in comp] or [np.zeros(0, np.int64)]
+    # blocks of the compressed chunks
+    comp = np.flatnonzero(~memcpyed & (nbytes > 0))
+    nb = -(-nbytes[comp] // np.maximum(blocksize[comp], 1))
+    bchunk = np.repeat(comp, nb)
+    first = np.repeat(np.cumsum(nb) - nb, nb)
+    j = np.arange(len(bchunk), dtype=np.int64) - first
+    bs, nbc, ts = blocksize[bchunk], nbytes[bchunk], typesize[bchunk]
+    leftover = (j == np.repeat(nb, nb) - 1) & (nbc % bs != 0)
+    size = np.where(leftover, nbc - j * bs, bs)
+    split = (
+        ((flags[bchunk] & _DONT_SPLIT) == 0)
+        & (ts <= _MAX_SPLITS)
+        & (size // ts >= _MIN_BUFFERSIZE)
+        & ~leftover
     )
-    bstarts = read_u32(bpos).astype(np.int64) if len(bpos) else np.zeros(0, np.int64)
-    block_rows = []  # (chunk, block index, bsize, nsplits, start)
-    k = 0
-    for i in comp:
-        ts, bs, nb = int(typesize[i]), int(blocksize[i]), nblocks[i]
-        dont_split = bool(flags[i] & _DONT_SPLIT)
-        for j in range(nb):
-            leftover = j == nb - 1 and nbytes[i] % bs != 0
-            size = int(nbytes[i] - j * bs) if leftover else bs
-            split = not dont_split and ts <= _MAX_SPLITS and size // ts >= _MIN_BUFFERSIZE and not leftover
-            start = int(bstarts[k])
-            k += 1
-            if not 16 + 4 * nb <= start < lengths[i]:
-                raise BloscLayoutError(
-                    i, f"Blosc block {j} starts at {start}, outside the chunk (corrupt chunk)"
-                )
-            block_rows.append((i, j, size, ts if split else 1, start))
-    # walk the streams of all blocks together: split s of every block at once
-    pos = np.array([starts[r[0]] + r[4] for r in block_rows], dtype=np.int64)
-    end = np.array([starts[r[0]] + lengths[r[0]] for r in block_rows], dtype=np.int64)
-    nsp = np.array([r[3] for r in block_rows], dtype=np.int64)
-    per_block: list[list[tuple[int, int]]] = [[] for _ in block_rows]
-    for s in range(int(nsp.max()) if len(nsp) else 0):
-        live = np.flatnonzero(nsp > s)
-        if (pos[live] + 4 > end[live]).any():
-            b = int(live[np.argmax(pos[live] + 4 > end[live])])
+    nsplits = np.where(split, ts, 1)
+    bstart = read_u32(starts[bchunk] + 16 + 4 * j).astype(np.int64) if len(bchunk) else np.zeros(0, np.int64)
+    bad = (bstart < 16 + 4 * np.repeat(nb, nb)) | (bstart >= lengths[bchunk])
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise BloscLayoutError(
+            int(bchunk[b]), f"Blosc block {j[b]} starts at {bstart[b]}, outside the chunk (corrupt chunk)"
+        )
+    # walk the split streams of every block at once: step s reads the s-th size prefix
+    neblock = size // nsplits
+    pos = starts[bchunk] + bstart
+    end = starts[bchunk] + lengths[bchunk]
+    maxs = int(nsplits.max()) if len(nsplits) else 0
+    spos = np.zeros((len(bchunk), max(maxs, 1)), dtype=np.int64)
+    slen = np.zeros_like(spos)
+    for step in range(maxs):
+        live = np.flatnonzero(nsplits > step)
+        over = pos[live] + 4 > end[live]
+        if over.any():
+            b = int(live[np.flatnonzero(over)[0]])
+            raise BloscLayoutError(int(bchunk[b]), "Blosc stream runs past the end of the chunk (truncated?)")
+        c = read_u32(pos[live]).astype(np.int64)
+        wrong = (c <= 0) | (c > neblock[live]) | (pos[live] + 4 + c > end[live])
+        if wrong.any():
+            k = int(np.flatnonzero(wrong)[0])
+            b = int(live[k])
             raise BloscLayoutError(
-                block_rows[b][0], "Blosc stream runs past the end of the chunk (truncated?)"
+                int(bchunk[b]),
+                f"Blosc block {j[b]} stream {step} claims {c[k]} bytes (truncated or corrupt chunk)",
             )
-        sizes = read_u32(pos[live]).astype(np.int64)
-        for b, c in zip(live, sizes):
-            row = block_rows[b]
-            neblock = row[2] // row[3]
-            if c <= 0 or c > neblock or pos[b] + 4 + c > end[b]:
-                raise BloscLayoutError(
-                    row[0], f"Blosc block {row[1]} stream {s} claims {c} bytes (truncated or corrupt chunk)"
-                )
-            per_block[b].append((int(pos[b] + 4), int(c)))
-        pos[live] += 4 + sizes
-    for b, row in enumerate(block_rows):
-        i, j, size, ns, _ = row
-        neblock = size // ns
-        mode = _mode(int(flags[i]), int(typesize[i]), int(version[i]))
-        b_out.append(j * int(blocksize[i]))
-        b_size.append(size)
-        b_ts.append(int(typesize[i]))
-        b_mode.append(mode)
-        b_ns.append(ns)
-        b_s0.append(len(src))
-        b_chunk.append(i)
-        for p, c in per_block[b]:
-            src.append(p)
-            clen.append(c)
-            dlen.append(neblock)
-            raw.append(c == neblock)
-            schunk.append(i)
+        spos[live, step] = pos[live] + 4
+        slen[live, step] = c
+        pos[live] += 4 + c
+    valid = np.arange(spos.shape[1])[None, :] < nsplits[:, None]
+    src, clen = spos[valid], slen[valid]
+    dlen = np.repeat(neblock, nsplits)
+    mode = np.where(
+        ((flags & _SHUFFLE) != 0) & (typesize > 1),
+        MODE_BYTE,
+        np.where((flags & _BITSHUFFLE) != 0, np.where(version <= 2, MODE_BIT_V2, MODE_BIT), MODE_NONE),
+    )
+    b_out, b_size, b_ts, b_mode, b_ns = j * bs, size, ts, mode[bchunk], nsplits
+    b_s0 = np.cumsum(nsplits) - nsplits
+    schunk = np.repeat(bchunk, nsplits)
     # memcpyed chunks: one raw block holding everything, not shuffled
-    for i in range(n):
-        if flags[i] & _MEMCPYED and nbytes[i] > 0:
-            if lengths[i] != 16 + nbytes[i]:
-                raise BloscLayoutError(i, "uncompressed Blosc chunk has the wrong length (corrupt chunk)")
-            b_out.append(0)
-            b_size.append(int(nbytes[i]))
-            b_ts.append(1)
-            b_mode.append(MODE_NONE)
-            b_ns.append(1)
-            b_s0.append(len(src))
-            b_chunk.append(i)
-            src.append(int(starts[i] + 16))
-            clen.append(int(nbytes[i]))
-            dlen.append(int(nbytes[i]))
-            raw.append(True)
-            schunk.append(i)
-    algo = [FORMATS.get(int(flags[i]) >> 5, want) for i in range(n)]
+    mc = np.flatnonzero(memcpyed & (nbytes > 0))
+    wrong = lengths[mc] != 16 + nbytes[mc]
+    if wrong.any():
+        raise BloscLayoutError(
+            int(mc[np.flatnonzero(wrong)[0]]), "uncompressed Blosc chunk has the wrong length (corrupt chunk)"
+        )
+    nstream = len(src)
+    src = np.concatenate([src, starts[mc] + 16])
+    clen = np.concatenate([clen, nbytes[mc]])
+    dlen = np.concatenate([dlen, nbytes[mc]])
+    schunk = np.concatenate([schunk, mc])
+    b_out = np.concatenate([b_out, np.zeros(len(mc), np.int64)])
+    b_size = np.concatenate([b_size, nbytes[mc]])
+    b_ts = np.concatenate([b_ts, np.ones(len(mc), np.int64)])
+    b_mode = np.concatenate([b_mode, np.full(len(mc), MODE_NONE)])
+    b_ns = np.concatenate([b_ns, np.ones(len(mc), np.int64)])
+    b_s0 = np.concatenate([b_s0, nstream + np.arange(len(mc))])
+    bchunk = np.concatenate([bchunk, mc])
+    algo = [FORMATS.get(int(f), want) for f in fmt]
 
     def a(x, dt=np.int64):
         return np.asarray(x, dtype=dt)
 
     return Layout(
-        a(src), a(clen), a(dlen), a(raw, bool), a(schunk),
-        a(b_out), a(b_size), a(b_ts), a(b_mode), a(b_ns), a(b_s0), a(b_chunk), algo,
+        a(src), a(clen), a(dlen), a(clen == dlen, bool), a(schunk),
+        a(b_out), a(b_size), a(b_ts), a(b_mode), a(b_ns), a(b_s0), a(bchunk), algo,
     )  # fmt: skip
-
-
-def _mode(flags: int, typesize: int, version: int) -> int:
-    if flags & _SHUFFLE and typesize > 1:
-        return MODE_BYTE
-    if flags & _BITSHUFFLE:
-        return MODE_BIT_V2 if version <= 2 else MODE_BIT
-    return MODE_NONE
 
 
 def unshuffle_block(shuffled: np.ndarray, typesize: int, mode: int) -> np.ndarray:
@@ -256,7 +249,7 @@ def decode_chunks(
     owners: list[Any] = [out]
     ptr = np.zeros(len(lay.src), dtype=np.uint64)  # GPU: where each decoded stream lies
     decoded: dict[int, Any] = {}  # CPU: each decoded stream
-    algos = np.array([lay.algo[int(c)] for c in lay.chunk[comp]], dtype=object)
+    algos = np.asarray(lay.algo, dtype=object)[lay.chunk[comp]] if len(comp) else np.zeros(0, object)
     for algo in sorted(set(algos)):
         idx = comp[algos == algo]
         if algo == "zstd":
@@ -400,30 +393,36 @@ extern "C" __global__ void blosc_unshuffle(unsigned char* out, const long long* 
     long long blk = blockIdx.y;
     int size = bsize[blk], ts = bts[blk], mode = bmode[blk], ns = bns[blk];
     long long s0 = bs0[blk];
-    int neblock = size / ns;
+    long long neblock = size / ns;
     unsigned char* o = out + bout[blk];
-    int n = size / ts;
-    int n8 = n - n % 8;
-    bool identity_bits = (mode == 3 && (n % 8) != 0);
-    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < size;
-         p += (long long)gridDim.x * blockDim.x) {
-        long long i = p;
-        if (mode == 1 && ts > 1 && p < (long long)n * ts) {
-            i = (p % ts) * n + p / ts;
-        } else if ((mode == 2 || mode == 3) && !identity_bits && p < (long long)n8 * ts) {
-            long long e = p / ts, b = p % ts;
-            int row = n8 / 8;
-            unsigned char v = 0;
+    long long n = size / ts;
+    long long n8 = n - n % 8;
+    long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;  /* bytes [0, done) are written by the bit path */
+    if ((mode == 2 || (mode == 3 && n % 8 == 0)) && n8 > 0) {
+        /* one unit = byte b of elements 8r..8r+7: eight bit-plane bytes in, eight bytes out */
+        long long row = n8 / 8;
+        long long units = row * ts;
+        for (long long u = start; u < units; u += stride) {
+            long long b = u / row, r = u % row;
+            unsigned char x[8];
             for (int k = 0; k < 8; k++) {
-                long long q = (b * 8 + k) * row + e / 8;
-                const unsigned char* sp = (const unsigned char*)sptr[s0 + q / neblock];
-                v |= ((sp[q % neblock] >> (e % 8)) & 1) << k;
+                long long q = (b * 8 + k) * row + r;
+                x[k] = ((const unsigned char*)sptr[s0 + q / neblock])[q % neblock];
             }
-            o[p] = v;
-            continue;
+            for (int m = 0; m < 8; m++) {
+                unsigned char v = 0;
+                for (int k = 0; k < 8; k++) v |= ((x[k] >> m) & 1) << k;
+                o[(r * 8 + m) * ts + b] = v;
+            }
         }
-        const unsigned char* sp = (const unsigned char*)sptr[s0 + i / neblock];
-        o[p] = sp[i % neblock];
+        done = n8 * ts;
+    }
+    for (long long p = done + start; p < size; p += stride) {
+        long long i = p;
+        if (mode == 1 && ts > 1 && p < n * ts) i = (p % ts) * n + p / ts;
+        o[p] = ((const unsigned char*)sptr[s0 + i / neblock])[i % neblock];
     }
 }
 """
