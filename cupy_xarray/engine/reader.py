@@ -125,13 +125,10 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
     if spec.shard is None:
         checked: set[str] = set()
         for p in pieces:
+            path = spec.chunk_path(p.coords)
             key = spec.chunk_key(p.coords)
-            path = os.path.join(spec.directory, key)
             try:
-                if spec.containment is not None:
-                    st = spec.containment.stat_chunk(path, key, checked, spec.directory)
-                else:
-                    st = os.stat(path)
+                st = spec.containment.stat_chunk(path, key, checked) if spec.containment else os.stat(path)
             except FileNotFoundError:
                 missing += 1
                 continue
