@@ -344,3 +344,28 @@ def test_zstd_frame_length_kernel_matches_python():
     got = zstd_frame_lengths(cupy, buf, offs, lens)
     want = [zstd_frame_length(f) for f in frames]
     assert list(got) == want and want[3] == -1 and want[5] == -1
+
+
+# regression tests for bugs the random parity suite found
+
+
+def test_empty_integer_selection_of_a_zarr_read_array(tmp_path, device):
+    """zarr-python refuses an empty integer selection; the engine returns the empty result."""
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=(4, 3), chunks=(2, 2), dtype="i1", zarr_format=2,
+        compressors=numcodecs.Blosc(cname="zlib"),
+    )  # fmt: skip
+    arr[:] = np.arange(12).reshape(4, 3)
+    spec = array_spec(arr)
+    assert spec.fallback is not None
+    (got,) = read_arrays([(spec, (np.array([], dtype=int), slice(None)))], resolve_device(device))
+    assert got.shape == (0, 3) and host(got).dtype == np.dtype("i1")
+
+
+@pytest.mark.parametrize("selection", [(slice(None),), (np.array([], dtype=int),)])
+def test_big_endian_datetimes_come_out_in_native_order(tmp_path, device, selection):
+    arr = zarr.create_array(tmp_path / "a.zarr", shape=(5,), chunks=(2,), dtype=">M8[s]", zarr_format=2)
+    arr[:] = np.arange(5).astype("M8[s]")
+    (got,) = read_arrays([(array_spec(arr), selection)], resolve_device(device))
+    assert got.dtype == np.dtype("<M8[s]")  # NumPy on either device: cupy has no datetimes
+    np.testing.assert_array_equal(got, arr[...][selection[0]])
