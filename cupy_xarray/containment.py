@@ -89,21 +89,31 @@ class Containment:
             key=key,
         )
 
-    def stat_chunk(self, path: str, key: str, checked_dirs: set[str]) -> os.stat_result:
+    def stat_chunk(self, path: str, key: str, checked_dirs: set[str], base: str = "") -> os.stat_result:
         """``os.stat`` of a chunk or shard file, after checking it stays inside the root.
 
-        ``checked_dirs`` caches directories already resolved during this read. Raises
-        FileNotFoundError for a missing chunk.
+        ``checked_dirs`` caches directories already checked during this read; ``base`` (the
+        array's directory) is resolved in full once, the directories below it only need
+        an ``lstat`` each to show they are not links. Raises FileNotFoundError for a
+        missing chunk.
         """
-        parent = os.path.dirname(path)
-        if parent not in checked_dirs:
-            self.check_path(parent, key, "chunk directory of")
-            checked_dirs.add(parent)
+        self._check_dir(os.path.dirname(path), key, checked_dirs, base.rstrip(os.sep))
         st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode):
             self.check_path(path, key, "chunk")
             st = os.stat(path)
         return st
+
+    def _check_dir(self, d: str, key: str, checked: set[str], base: str) -> None:
+        if d in checked:
+            return
+        if not base or len(d) <= len(base) or not d.startswith(base + os.sep):
+            self.check_path(d, key, "chunk directory of")
+        else:
+            self._check_dir(os.path.dirname(d), key, checked, base)
+            if stat.S_ISLNK(os.lstat(d).st_mode):
+                self.check_path(d, key, "chunk directory of")
+        checked.add(d)
 
     def check_tree(self, directory: str, name: str) -> None:
         """Check every link below an array's directory (before zarr-python reads from it)."""

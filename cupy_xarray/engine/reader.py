@@ -125,10 +125,13 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
     if spec.shard is None:
         checked: set[str] = set()
         for p in pieces:
-            path = spec.chunk_path(p.coords)
             key = spec.chunk_key(p.coords)
+            path = os.path.join(spec.directory, key)
             try:
-                st = spec.containment.stat_chunk(path, key, checked) if spec.containment else os.stat(path)
+                if spec.containment is not None:
+                    st = spec.containment.stat_chunk(path, key, checked, spec.directory)
+                else:
+                    st = os.stat(path)
             except FileNotFoundError:
                 missing += 1
                 continue
