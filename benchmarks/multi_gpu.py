@@ -23,17 +23,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 from read_throughput import write_stores  # noqa: E402
 
 
-def run(store: Path, devices: str, tchunk: int, repeat: int, tpw: int) -> dict:
+def run(store: Path, devices: str, tchunk: int, repeat: int, tpw: int, io_threads: int) -> dict:
     import xarray as xr
     from dask_cuda import LocalCUDACluster
     from distributed import Client, wait
 
-    with (
-        LocalCUDACluster(
-            CUDA_VISIBLE_DEVICES=devices, dashboard_address=None, threads_per_worker=1
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    # the workers inherit the environment: each one's engine reads with io_threads threads
+    saved = os.environ.get("CUPY_XARRAY_THREADS")
+    os.environ["CUPY_XARRAY_THREADS"] = str(io_threads)
+    try:
+        cluster = LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES=devices, dashboard_address=None, threads_per_worker=tpw
+        )
+    finally:
+        if saved is None:
+            del os.environ["CUPY_XARRAY_THREADS"]
+        else:
+            os.environ["CUPY_XARRAY_THREADS"] = saved
+    with cluster, Client(cluster) as client:
         n = len(client.scheduler_info()["workers"])
 
         def once() -> float:
@@ -51,7 +58,14 @@ def run(store: Path, devices: str, tchunk: int, repeat: int, tpw: int) -> dict:
         times = [once() for _ in range(repeat)]
         nbytes = xr.open_dataset(store, engine="kvikio", chunks={}).field.nbytes
     best = min(times)
-    return {"devices": devices, "workers": n, "seconds": best, "gbps": nbytes / best / 1e9, "bytes": nbytes}
+    return {
+        "devices": devices,
+        "workers": n,
+        "io_threads": io_threads,
+        "seconds": best,
+        "gbps": nbytes / best / 1e9,
+        "bytes": nbytes,
+    }
 
 
 def main() -> None:
@@ -62,7 +76,13 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default="128x2",
-        help="comma-separated TxN: T time steps (4 MiB each) per dask chunk, N tasks in flight per GPU",
+        help="comma-separated TxN: T time steps (4 MiB each) per dask chunk, N tasks in flight per GPU "
+        "(dask threads per worker)",
+    )
+    ap.add_argument(
+        "--io-threads",
+        default="auto",
+        help="I/O threads per worker (CUPY_XARRAY_THREADS); auto: the host's cores split between the workers",
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -77,18 +97,26 @@ def main() -> None:
     results = []
     for config in args.configs.split(","):
         tchunk, tpw = (int(v) for v in config.split("x"))
-        one = run(store, "0", tchunk, args.repeat, tpw)
-        rows = [one] + ([run(store, all_gpus, tchunk, args.repeat, tpw)] if ngpu > 1 else [])
+
+        def io(workers: int) -> int:
+            if args.io_threads != "auto":
+                return int(args.io_threads)
+            return max(4, min(32, (os.cpu_count() or 8) // workers))
+
+        one = run(store, "0", tchunk, args.repeat, tpw, io(1))
+        rows = [one] + ([run(store, all_gpus, tchunk, args.repeat, tpw, io(ngpu))] if ngpu > 1 else [])
         for r in rows:
             r.update(tchunk=tchunk, tasks_per_gpu=tpw, speedup=r["gbps"] / one["gbps"])
         results.extend(rows)
     print(f"\nstore: {store} ({results[0]['bytes'] / 2**30:.1f} GiB decoded, zstd); mean('t') + std()")
-    print("| dask chunk (t) | tasks per GPU | GPUs | seconds | GB/s | speed-up vs 1 GPU |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| dask chunk (t) | dask threads per GPU | I/O threads per GPU | GPUs | seconds | GB/s | speed-up |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(
-            f"| {r['tchunk']} | {r['tasks_per_gpu']} | {r['devices']} | {r['seconds']:.2f} | {r['gbps']:.2f} "
-            f"| {r['speedup']:.2f}x |"
+            f"| {r['tchunk']} | {r['tasks_per_gpu']} | {r['io_threads']} | {r['devices']} "
+            f"| {r['seconds']:.2f} | {r['gbps']:.2f} | {r['speedup']:.2f}x |"
         )
     if args.json:
         with open(args.json, "w") as f:

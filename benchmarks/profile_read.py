@@ -29,17 +29,21 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated store labels")
     ap.add_argument("--batches", default="256,1024,4096", help="batch sizes in MiB")
     ap.add_argument("--no-nvcomp", action="store_true", help="skip the nvCOMP-alone timings")
+    ap.add_argument("--threads", default="16", help="comma-separated I/O thread counts")
     args = ap.parse_args()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     import zarr
+    from zarr.codecs import numcodecs as zn
 
     n = int(args.gib * 256)
     data = smooth_field((n, 1024, 1024))
     for label, chunks, comp in [
         ("zstd-4MiB", (1, 1024, 1024), zarr.codecs.ZstdCodec(level=1)),
-        ("zstd-1MiB", (1, 512, 512), zarr.codecs.ZstdCodec(level=1)),
-        ("none-4MiB", (1, 1024, 1024), None),
+        ("zstd-1MiB", (1, 256, 1024), zarr.codecs.ZstdCodec(level=1)),
+        ("lz4-4MiB", (1, 1024, 1024), zn.LZ4()),
+        ("lz4-1MiB", (1, 256, 1024), zn.LZ4()),
+        ("none-32MiB", (8, 1024, 1024), None),
         ("blosc-lz4-4MiB", (1, 1024, 1024), zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")),
         (
             "blosc-zstd-4MiB",
@@ -63,18 +67,27 @@ def main() -> None:
                 f"  blosc header: flags {head[2]:#x} typesize {head[3]} nbytes "
                 f"{int.from_bytes(head[4:8], 'little')} blocksize {int.from_bytes(head[8:12], 'little')}"
             )
-        dev = resolve_device("gpu", 16)
-        for batch in (int(b) * 2**20 for b in args.batches.split(",")):
+        for threads, batch in (
+            (int(t), int(b) * 2**20) for t in args.threads.split(",") for b in args.batches.split(",")
+        ):
+            dev = resolve_device("gpu", threads)
             read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)  # warm
-            t0 = time.perf_counter()
-            (out,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)
-            cupy.cuda.Device().synchronize()
-            dt = time.perf_counter() - t0
-            del out
+            times = []
+            for exact in ("0", "0", "1"):  # free-running twice, then synchronized per phase
+                os.environ["CUPY_XARRAY_PROFILE"] = exact
+                peak = cupy.get_default_memory_pool()
+                peak.free_all_blocks()
+                t0 = time.perf_counter()
+                (out,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)
+                cupy.cuda.Device().synchronize()
+                times.append(time.perf_counter() - t0)
+                pool = peak.total_bytes()
+                del out
+            dt = min(times[:2])
             stats = {k: round(v * 1e3, 1) for k, v in reader.last_read_stats.items()}
             print(
-                f"{label} batch {batch >> 20} MiB: {data.nbytes / dt / 1e9:6.2f} GB/s "
-                f"({dt * 1e3:.0f} ms) phases ms {stats}",
+                f"{label} threads {threads} batch {batch >> 20} MiB: {data.nbytes / dt / 1e9:6.2f} GB/s "
+                f"({dt * 1e3:.0f} ms; cupy pool {pool / 2**30:.2f} GiB) phases ms (synchronized) {stats}",
                 flush=True,
             )
     if args.no_nvcomp:
@@ -83,12 +96,14 @@ def main() -> None:
     from nvidia import nvcomp
 
     for label in ("zstd-4MiB", "zstd-1MiB"):
+        if not (root / f"{label}.zarr").exists():
+            continue
         import numpy as np
 
         files = sorted((root / f"{label}.zarr" / "f" / "c").rglob("*"))
         bufs = [cupy.asarray(np.frombuffer(p.read_bytes(), np.uint8)) for p in files if p.is_file()]
         codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
-        for k in (len(bufs), min(len(bufs), 128)):
+        for k in sorted({len(bufs), min(len(bufs), 128), min(len(bufs), 256), min(len(bufs), 512)}):
             batch = nvcomp.as_arrays(bufs[:k])
             out = codec.decode(batch)
             _ = out[0]

@@ -4,8 +4,8 @@ Usage (on a GPU machine)::
 
     python benchmarks/read_throughput.py --dir /tmp/bench --size-gib 4 --json out.json
 
-For each store (uncompressed, zstd, lz4, Blosc lz4 + shuffle, Blosc zstd + bitshuffle, sharded
-zstd) it measures, on the same data:
+For each store (uncompressed, zstd and lz4 with 4 MiB and 1 MiB chunks, Blosc lz4 + shuffle,
+Blosc zstd + bitshuffle, sharded zstd) it measures, on the same data:
 ``engine="kvikio"`` full load, ``read_zarr_gds``, zarr's GPU mode with ``LocalStore``,
 kvikio's ``GDSStore`` with zarr's GPU mode, CPU zarr + ``cupy.asarray``, and the raw
 ceiling (``kvikio.CuFile.read`` of one file of the same size, same thread count).
@@ -49,7 +49,9 @@ def write_stores(root: Path, size_gib: float, which: list[str]) -> dict[str, Pat
     specs = {
         "uncompressed": dict(t=n, chunks=(8, 1024, 1024), compressors=None),
         "zstd": dict(t=n, chunks=(1, 1024, 1024), compressors=zarr.codecs.ZstdCodec(level=1)),
+        "zstd-1MiB": dict(t=n, chunks=(1, 256, 1024), compressors=zarr.codecs.ZstdCodec(level=1)),
         "lz4": dict(t=max(8, n // 4), chunks=(1, 1024, 1024), compressors=zn.LZ4()),
+        "lz4-1MiB": dict(t=max(8, n // 4), chunks=(1, 256, 1024), compressors=zn.LZ4()),
         "blosc-lz4": dict(
             t=max(8, n // 4),
             chunks=(1, 1024, 1024),

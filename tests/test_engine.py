@@ -198,6 +198,77 @@ def test_direct_reads_land_in_output(tmp_path):
     np.testing.assert_array_equal(got, a[:])
 
 
+@pytest.mark.parametrize(
+    "comp",
+    [
+        numcodecs.Zstd(level=1),
+        numcodecs.GZip(level=1),
+        numcodecs.Zlib(level=1),
+        numcodecs.LZ4(),
+        numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.SHUFFLE),
+        numcodecs.Blosc(cname="zstd", shuffle=numcodecs.Blosc.BITSHUFFLE),
+    ],
+    ids=["zstd", "gzip", "zlib", "lz4", "blosc-lz4", "blosc-zstd"],
+)
+def test_whole_chunks_decode_into_the_output(tmp_path, device, comp, monkeypatch):
+    """Whole row-chunks are decoded straight into the output: no copy afterwards, a missing
+    chunk keeps the fill value, and ragged or partial chunks still take the copy path."""
+    from cupy_xarray.engine import reader
+
+    a = zarr.create_array(
+        tmp_path / "a.zarr", shape=(43, 6), chunks=(8, 6), dtype="f4", compressors=comp, zarr_format=2,
+        fill_value=-1.0,
+    )  # fmt: skip
+    a[:] = _data("f4", (43, 6))
+    os.remove(os.path.join(str(tmp_path / "a.zarr"), a.metadata.encode_chunk_key((2, 0))))
+    spec = array_spec(a)
+    assert not spec.fallback
+    copies = []
+    real_copy = reader._copy_bytes
+    monkeypatch.setattr(reader, "_copy_bytes", lambda *args: copies.append(args) or real_copy(*args))
+    dev = resolve_device(device)
+    for batch_bytes in (200, 2**30):  # one chunk per batch; all in one (mixed) batch
+        (got,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch_bytes)
+        np.testing.assert_array_equal(host(got), a[:])
+        assert len(copies) == 1  # the ragged last chunk (3 rows) is copied; 4 whole chunks landed
+        copies.clear()
+    (got,) = read_arrays([(spec, (slice(9, 30),))], dev)
+    np.testing.assert_array_equal(host(got), a[9:30])
+    assert len(copies) == 2  # rows 9-15 and 24-29 are partial chunks; 16-23 is missing
+
+
+def test_wrong_size_stream_into_output_names_the_chunk(tmp_path, device):
+    """A zlib stream (no declared size) that decodes to too few bytes is refused, not landed."""
+    import zlib
+
+    a = zarr.create_array(
+        tmp_path / "a.zarr", shape=(16, 4), chunks=(8, 4), dtype="f8", compressors=numcodecs.Zlib(),
+        zarr_format=2,
+    )  # fmt: skip
+    a[:] = 1.0
+    path = os.path.join(str(tmp_path / "a.zarr"), a.metadata.encode_chunk_key((1, 0)))
+    with open(path, "wb") as f:
+        f.write(zlib.compress(np.zeros(31, "f8").tobytes()))
+    with pytest.raises(ChunkError, match=r"decoded to 248 bytes, expected 256") as info:
+        read_arrays([(array_spec(a), (slice(None),))], resolve_device(device))
+    assert "1.0" in str(info.value) and path in str(info.value)
+
+
+def test_batches_are_even_and_bounded():
+    """Batches split the bytes about evenly, none far above the limit, within the op cap."""
+    from types import SimpleNamespace
+
+    from cupy_xarray.engine import reader
+
+    recipe = SimpleNamespace(nbytes=100, bytes_codecs=("zstd",))
+    tasks = [SimpleNamespace(direct=None, target=None, nbytes=40, spec=SimpleNamespace(recipe=recipe))] * 41
+    sizes = [len(b) * 100 for b in reader._batches(tasks, 1000)]
+    assert len(sizes) == 5 and max(sizes) - min(sizes) <= 100 and sum(sizes) == 4100
+    landing = [SimpleNamespace(direct=None, target=object(), nbytes=40, spec=t.spec) for t in tasks]
+    assert len(reader._batches(landing, 1000)) == 2  # only the stored 40 bytes count
+    assert [len(b) for b in reader._batches(tasks, 10**9)] == [41]
+
+
 # -- planning, pure Python -------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import DecodeFailure, zstd_frame_lengths
+from .codecs import DecodeFailure, decoded_sizes, zstd_frame_lengths
 
 #: Blosc compressor format codes (header flags >> 5) the engine decodes
 FORMATS = {1: "lz4", 4: "zstd"}
@@ -231,12 +231,20 @@ def unshuffle_block(shuffled: np.ndarray, typesize: int, mode: int) -> np.ndarra
 
 
 def decode_chunks(
-    buffer: Any, lay: Layout, nchunks: int, expected: int, device: Any, lap: Any = None
+    buffer: Any,
+    lay: Layout,
+    nchunks: int,
+    expected: int,
+    device: Any,
+    lap: Any = None,
+    targets: list[Any] | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """Decode every stream and unshuffle every block.
 
-    Returns the buffers to keep alive until the device is synchronized, and one view of
-    decoded bytes per chunk.
+    ``targets`` optionally gives, per chunk, the ``expected`` bytes its blocks are
+    unshuffled into (a view of the output); chunks without one get a new buffer.
+    Returns the buffers to keep alive until the device is synchronized, and the decoded
+    bytes of each chunk.
 
     Raises
     ------
@@ -244,9 +252,14 @@ def decode_chunks(
         Naming the chunk whose stream did not decode.
     """
     xp = device.xp
-    out = device.empty((max(nchunks * expected, 1),), np.uint8)
+    targets = list(targets) if targets is not None else [None] * nchunks
+    need = [i for i, t in enumerate(targets) if t is None]
+    scratch = device.empty((max(len(need) * expected, 1),), np.uint8)
+    chunks = list(targets)
+    for j, i in enumerate(need):
+        chunks[i] = scratch[j * expected : (j + 1) * expected]
     comp = np.flatnonzero(~lay.raw)
-    owners: list[Any] = [out]
+    owners: list[Any] = [scratch]
     ptr = np.zeros(len(lay.src), dtype=np.uint64)  # GPU: where each decoded stream lies
     decoded: dict[int, Any] = {}  # CPU: each decoded stream
     algos = np.asarray(lay.algo, dtype=object)[lay.chunk[comp]] if len(comp) else np.zeros(0, object)
@@ -257,7 +270,8 @@ def decode_chunks(
         if device.name == "gpu" and _carve_supported(device):
             owners.append(_decode_gpu(device, algo, buffer, lay, idx, ptr))
             continue
-        srcs = _sources(xp, buffer, lay.src[idx], lay.clen[idx], device)
+        source, src = _pack(xp, buffer, lay.src[idx], lay.clen[idx], device)
+        srcs = [source[int(p) : int(p) + int(c)] for p, c in zip(src, lay.clen[idx])]
         result = _decode_streams(device, algo, srcs, lay, idx)
         for s, d in zip(idx, result):
             decoded[int(s)] = d
@@ -269,12 +283,13 @@ def decode_chunks(
     if device.name == "gpu":
         raw = np.flatnonzero(lay.raw)
         ptr[raw] = np.uint64(buffer.data.ptr) + lay.src[raw].astype(np.uint64)
-        _unshuffle_gpu(xp, out, lay, ptr, expected)
+        base = np.array([c.data.ptr for c in chunks], dtype=np.uint64)
+        _unshuffle_gpu(xp, base[lay.bchunk] + lay.out.astype(np.uint64), lay, ptr)
     else:
-        _unshuffle_cpu(buffer, out, lay, decoded, expected)
+        _unshuffle_cpu(buffer, chunks, lay, decoded)
     if lap:
         lap("blosc unshuffle")
-    return owners, [out[i * expected : (i + 1) * expected] for i in range(nchunks)]
+    return owners, chunks
 
 
 def _decode_streams(device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray) -> list[Any]:
@@ -308,13 +323,8 @@ def _decode_gpu(device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarra
     """Decode all streams of one codec into 16-byte aligned slots of one buffer (no per-stream
     Python objects): nvCOMP batches carved from the staging and output buffers."""
     xp, nv = device.xp, device.codecs._nvcomp
-    src, clen, dlen = lay.src[idx], lay.clen[idx], lay.dlen[idx]
-    source = buffer
-    if (src % 16).any():  # nvCOMP wants aligned inputs: pack the streams into aligned slots
-        slots, total = _aligned_slots(clen)
-        source = xp.empty((total,), dtype=xp.uint8)
-        _batched_copy(xp, buffer, source, src, slots, clen)
-        src = slots
+    clen, dlen = lay.clen[idx], lay.dlen[idx]
+    source, src = _pack(xp, buffer, lay.src[idx], clen, device)
     dst, total = _aligned_slots(dlen)
     target = xp.empty((total,), dtype=xp.uint8)
     # nvCOMP runs on its own stream: what our stream wrote (and freed) must be done first
@@ -323,10 +333,7 @@ def _decode_gpu(device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarra
         srcs = nv.as_arrays(source, src.tolist(), clen.tolist())
         outs = nv.as_arrays(target, dst.tolist(), dlen.tolist())
         result = device.codecs._codec(algo).decode(srcs, out=outs)
-        sizes = getattr(result, "buffer_sizes", None)
-        sizes = sizes() if callable(sizes) else sizes
-        if sizes is None:
-            sizes = [len(result[i]) for i in range(len(idx))]
+        sizes = decoded_sizes(result, len(idx))
         bad = np.flatnonzero(np.asarray(sizes, dtype=np.int64) != dlen)
     except Exception:  # noqa: BLE001 - find the stream and say which chunk it belongs to
         views = [source[int(p) : int(p) + int(c)] for p, c in zip(src, clen)]
@@ -341,14 +348,14 @@ def _decode_gpu(device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarra
     return (source, target, result)
 
 
-def _sources(xp: Any, buffer: Any, src: np.ndarray, clen: np.ndarray, device: Any) -> list[Any]:
-    """Views of the compressed streams, copied to 16-byte aligned slots where nvCOMP needs it."""
+def _pack(xp: Any, buffer: Any, src: np.ndarray, clen: np.ndarray, device: Any) -> tuple[Any, np.ndarray]:
+    """The streams' buffer and positions, copied to 16-byte aligned slots where nvCOMP needs it."""
     if device.name != "gpu" or not len(src) or not (src % 16).any():
-        return [buffer[int(p) : int(p) + int(c)] for p, c in zip(src, clen)]
+        return buffer, src
     slots, total = _aligned_slots(clen)
     packed = xp.empty((total,), dtype=xp.uint8)
     _batched_copy(xp, buffer, packed, src, slots, clen)
-    return [packed[int(p) : int(p) + int(c)] for p, c in zip(slots, clen)]
+    return packed, slots
 
 
 def _check_zstd(xp: Any, buffer: Any, lay: Layout, idx: list[int]) -> None:
@@ -362,7 +369,7 @@ def _check_zstd(xp: Any, buffer: Any, lay: Layout, idx: list[int]) -> None:
             )
 
 
-def _unshuffle_cpu(buffer: np.ndarray, out: np.ndarray, lay: Layout, decoded: dict, expected: int) -> None:
+def _unshuffle_cpu(buffer: np.ndarray, chunks: list[np.ndarray], lay: Layout, decoded: dict) -> None:
     for b in range(len(lay.out)):
         s0, ns = int(lay.s0[b]), int(lay.nsplits[b])
         parts = [
@@ -370,8 +377,8 @@ def _unshuffle_cpu(buffer: np.ndarray, out: np.ndarray, lay: Layout, decoded: di
             for s in range(s0, s0 + ns)
         ]
         block = np.concatenate(parts) if ns > 1 else parts[0]
-        start = int(lay.bchunk[b]) * expected + int(lay.out[b])
-        out[start : start + int(lay.bsize[b])] = unshuffle_block(
+        start = int(lay.out[b])
+        chunks[int(lay.bchunk[b])][start : start + int(lay.bsize[b])] = unshuffle_block(
             block, int(lay.typesize[b]), int(lay.mode[b])
         )
 
@@ -387,14 +394,14 @@ extern "C" __global__ void batched_copy(const unsigned char* src, unsigned char*
     for (long long i = threadIdx.x; i < len[seg]; i += blockDim.x) d[i] = s[i];
 }
 
-extern "C" __global__ void blosc_unshuffle(unsigned char* out, const long long* bout,
+extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
         const int* bsize, const int* bts, const int* bmode, const int* bns, const long long* bs0,
         const unsigned long long* sptr) {
     long long blk = blockIdx.y;
     int size = bsize[blk], ts = bts[blk], mode = bmode[blk], ns = bns[blk];
     long long s0 = bs0[blk];
     long long neblock = size / ns;
-    unsigned char* o = out + bout[blk];
+    unsigned char* o = (unsigned char*)bdst[blk];
     long long n = size / ts;
     long long n8 = n - n % 8;
     long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -451,15 +458,14 @@ def _batched_copy(xp: Any, src: Any, dst: Any, soff: np.ndarray, doff: np.ndarra
     _kernel("batched_copy")((len(lens),), (256,), args)
 
 
-def _unshuffle_gpu(xp: Any, out: Any, lay: Layout, ptr: np.ndarray, expected: int) -> None:
+def _unshuffle_gpu(xp: Any, bdst: np.ndarray, lay: Layout, ptr: np.ndarray) -> None:
+    """Unshuffle every block into its destination address ``bdst`` (one kernel launch)."""
     nblocks = len(lay.out)
     if not nblocks:
         return
-    bout = lay.bchunk * expected + lay.out
     grid_x = int(min(64, -(-int(lay.bsize.max()) // 256)))
     args = (
-        out,
-        xp.asarray(bout, dtype=xp.int64),
+        xp.asarray(bdst, dtype=xp.uint64),
         xp.asarray(lay.bsize, dtype=xp.int32),
         xp.asarray(lay.typesize, dtype=xp.int32),
         xp.asarray(lay.mode, dtype=xp.int32),
@@ -469,5 +475,5 @@ def _unshuffle_gpu(xp: Any, out: Any, lay: Layout, ptr: np.ndarray, expected: in
     )
     for first in range(0, nblocks, 65535):  # grid.y is limited to 65535
         sl = slice(first, min(nblocks, first + 65535))
-        part = (args[0],) + tuple(a[sl] for a in args[1:7]) + (args[7],)
+        part = tuple(a[sl] for a in args[:6]) + (args[6],)
         _kernel("blosc_unshuffle")((grid_x, sl.stop - sl.start), (256,), part)

@@ -204,6 +204,10 @@ def _cpu_decode_one(algo: str, src: np.ndarray, expected: int) -> np.ndarray:
     return np.frombuffer(out, dtype=np.uint8)
 
 
+def _size_failure(algo: str, i: int, got: int, expected: int) -> DecodeFailure:
+    return DecodeFailure(i, f"{algo} stream decoded to {got} bytes, expected {expected}")
+
+
 class CPUCodecs:
     """Decode on the host: zlib for gzip/deflate, numcodecs for zstd and LZ4 blocks."""
 
@@ -212,12 +216,23 @@ class CPUCodecs:
     def __init__(self) -> None:
         self.threads = 4
 
-    def decode(self, algo: str, srcs: list[np.ndarray], expected: list[int]) -> Decoded:
+    def decode(
+        self, algo: str, srcs: list[np.ndarray], expected: list[int], into: list[Any] | None = None
+    ) -> Decoded:
+        """Decode every stream; ``into`` optionally gives, per stream, the buffer of exactly
+        ``expected[i]`` bytes to decode into (``None``: a new buffer)."""
+
         def one(i: int) -> np.ndarray:
             try:
-                return _cpu_decode_one(algo, srcs[i], expected[i])
+                out = _cpu_decode_one(algo, srcs[i], expected[i])
             except Exception as exc:  # noqa: BLE001 - re-raised with the index
                 raise DecodeFailure(i, f"{algo} decode failed: {exc}") from exc
+            if into is None or into[i] is None:
+                return out
+            if len(out) != expected[i]:
+                raise _size_failure(algo, i, len(out), expected[i])
+            into[i][:] = out
+            return into[i]
 
         if len(srcs) == 1:
             return Decoded([one(0)])
@@ -261,21 +276,76 @@ class GPUCodecs:
         result.owner = out
         return result
 
-    def decode(self, algo: str, srcs: list[Any], expected: list[int]) -> Decoded:
+    def _decode_into(self, algo: str, srcs: list[Any], expected: list[int], into: list[Any]) -> Decoded:
+        """Decode straight into the given buffers (no copy afterwards); the streams without
+        one get 16-byte aligned slots of one new buffer."""
+        import cupy
+
+        nv = self._nvcomp
+        outs = list(into)
+        missing = [i for i, o in enumerate(outs) if o is None]
+        scratch = None
+        if missing:
+            sizes = np.array([expected[i] for i in missing], dtype=np.int64)
+            slots = np.zeros(len(sizes), dtype=np.int64)
+            slots[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
+            scratch = cupy.empty(int(slots[-1] + sizes[-1]) + 16, dtype=cupy.uint8)
+            for i, p, n in zip(missing, slots.tolist(), sizes.tolist()):
+                outs[i] = scratch[p : p + n]
+        current = cupy.cuda.get_current_stream()
+        current.synchronize()  # nvCOMP runs on its own stream: the outputs must be ready for it
+        result = self._codec(algo).decode(nv.as_arrays(srcs), out=nv.as_arrays(outs))
+        got = decoded_sizes(result, len(outs))
+        done = cupy.cuda.Event()
+        done.record(cupy.cuda.Stream.null)
+        current.wait_event(done)  # later work on our stream sees the decoded bytes
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if g != e:
+                raise _size_failure(algo, i, g, e)
+        decoded = Decoded(outs)
+        decoded.owner = (scratch, result)
+        return decoded
+
+    def decode(
+        self, algo: str, srcs: list[Any], expected: list[int], into: list[Any] | None = None
+    ) -> Decoded:
+        """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`)."""
         if self._nvcomp is None:
             import cupy
 
             host = CPUCodecs().decode(algo, [s.get() for s in srcs], expected)
-            return Decoded(cupy.asarray(h) for h in host)
+            result = Decoded(cupy.asarray(h) for h in host)
+            for i, (h, o) in enumerate(zip(host, into or [None] * len(host))):
+                if o is not None:
+                    if len(h) != expected[i]:
+                        raise _size_failure(algo, i, len(h), expected[i])
+                    o[:] = result[i]
+                    result[i] = o
+            return result
         try:
+            if into is not None and any(o is not None for o in into):
+                return self._decode_into(algo, srcs, expected, into)
             return self._decode(algo, srcs)
+        except DecodeFailure:
+            raise
         except Exception as batch_exc:  # noqa: BLE001 - find which stream failed
             for i, s in enumerate(srcs):
                 try:
-                    self._decode(algo, [s])
+                    (one,) = self._decode(algo, [s])
                 except Exception as exc:  # noqa: BLE001
                     raise DecodeFailure(i, f"nvCOMP {algo} decode failed: {exc}") from exc
+                if len(one) != expected[i]:
+                    raise _size_failure(algo, i, len(one), expected[i]) from batch_exc
             raise DecodeFailure(0, f"nvCOMP {algo} batch decode failed: {batch_exc}") from batch_exc
+
+
+def decoded_sizes(result: Any, count: int) -> list[int]:
+    """Decoded byte counts of an nvCOMP ``decode(..., out=...)`` result."""
+    sizes = getattr(result, "buffer_sizes", None)
+    sizes = sizes() if callable(sizes) else sizes
+    if sizes is None:
+        sizes = [len(result[i]) for i in range(count)]
+    return [int(n) for n in sizes]
 
 
 def crc32c_value(data: Any) -> int:
