@@ -40,7 +40,7 @@ from .spec import ArraySpec
 
 log = logging.getLogger("cupy_xarray")
 
-DEFAULT_BATCH_BYTES = 1024 * 2**20
+DEFAULT_BATCH_BYTES = 2048 * 2**20
 #: seconds spent per phase by the last read_arrays call in this process (set
 #: CUPY_XARRAY_PROFILE=1 to synchronize the device between phases for exact figures)
 last_read_stats: dict[str, float] = {}
@@ -181,7 +181,12 @@ def _plan_direct(task: _Task, out_shape: tuple[int, ...]) -> None:
         task.copy = (src[0] * size, src[1] * size, dst[0] * size)
 
 
-def _plan_target(task: _Task, out: Any) -> None:
+def _bytes_of(out: Any) -> Any:
+    """The bytes of a C-contiguous output, as one flat uint8 view."""
+    return out.reshape(-1).view(np.uint8)
+
+
+def _plan_target(task: _Task, out_bytes: Any) -> None:
     """Let the last codec decode a whole chunk straight into the output, skipping the copy.
 
     Only where the chunk's decoded bytes are one run of the output, aligned for nvCOMP.
@@ -191,7 +196,7 @@ def _plan_target(task: _Task, out: Any) -> None:
         return
     src_off, n, dst = task.copy
     if src_off == 0 and n == task.spec.recipe.nbytes and dst % 16 == 0:
-        task.target = out.reshape(-1).view(np.uint8)[dst : dst + n]
+        task.target = out_bytes[dst : dst + n]
 
 
 def _check_size(task: _Task) -> None:
@@ -260,11 +265,13 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
         t.data = staging[off : off + t.nbytes]
         t.stage = off
         ops.append(ReadOp(t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key))
+    flat: dict[int, Any] = {}
     for t in batch:
         if t.direct is not None:
             file_off, n, out_off = t.direct
-            flat = outs[t.out].reshape(-1).view(np.uint8)
-            ops.append(ReadOp(t.path, file_off, n, flat[out_off : out_off + n], t.spec.name, t.key))
+            if t.out not in flat:
+                flat[t.out] = _bytes_of(outs[t.out])
+            ops.append(ReadOp(t.path, file_off, n, flat[t.out][out_off : out_off + n], t.spec.name, t.key))
     return session.submit(ops), staging
 
 
@@ -528,10 +535,11 @@ def _read_arrays(requests, device, batch_bytes, progress) -> list[Any]:
             outs[i] = device.full(oshape, spec.fill_value, spec.dtype)
         else:
             outs[i] = device.empty(oshape, spec.dtype)
+        out_bytes = _bytes_of(outs[i])
         for t in found:
             _check_size(t)
             _plan_direct(t, oshape)
-            _plan_target(t, outs[i])
+            _plan_target(t, out_bytes)
         tasks.extend(found)
     clock.lap("plan")
     if not tasks:
