@@ -7,7 +7,6 @@ dimension, each an ``int``, a ``slice`` or a 1-D integer array.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,25 +148,22 @@ def contiguous_span(shape: tuple[int, ...], sel: tuple[Index, ...]) -> tuple[int
 
     ``sel`` holds ints and step-1 slices (anything else returns None).
     """
-    starts, lens = [], []
+    first, count, partial = 0, 1, False
     for s, n in zip(sel, shape):
-        if isinstance(s, int):
-            starts.append(s)
-            lens.append(1)
-        elif isinstance(s, slice) and s.step in (None, 1):
-            start, stop, _ = s.indices(n)
-            starts.append(start)
-            lens.append(stop - start)
+        if type(s) is int:
+            start, m = s, 1
+        elif type(s) is slice and s.step in (None, 1):
+            start, stop = s.start, s.stop
+            if start is None or stop is None or start < 0 or stop > n:
+                start, stop, _ = s.indices(n)
+            m = max(stop - start, 0)
         else:
             return None
-    count = math.prod(lens)
-    if count == 0:
-        return None
-    # contiguous iff, after the first dim with more than one element, every dim is full
-    k = next((i for i, m in enumerate(lens) if m > 1), len(lens))
-    if any(lens[i] != shape[i] for i in range(k + 1, len(shape))):
-        return None
-    first = 0
-    for start, n in zip(starts, shape):
+        # contiguous iff, after the first dimension with more than one element, every one is full
+        if partial and m != n:
+            return None
+        if m > 1 or (partial and m == n):
+            partial = True
         first = first * n + start
-    return first, count
+        count *= m
+    return (first, count) if count else None
