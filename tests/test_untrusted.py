@@ -255,3 +255,30 @@ def test_chunk_key_separator_outside_the_spec(tmp_path, device, fmt):
     with Sentinel(tmp_path / "sentinel"), pytest.raises(StoreError, match=r"separator") as info:
         _open(store, device).a.load()
     assert "s.zarr" in str(info.value)
+
+
+def test_arrays_zarr_python_reads_check_the_chunks_they_touch(tmp_path, device, monkeypatch):
+    """bz2 is read by zarr-python: a linked chunk outside the root is refused before the read,
+    reads that do not touch it work, and no read walks the whole array (dask tasks would)."""
+    import numcodecs
+
+    from cupy_xarray.containment import Containment
+
+    store = tmp_path / "s.zarr"
+    _write(store, fmt=2, compressors=numcodecs.BZ2())
+    sentinel = Sentinel(tmp_path / "sentinel")
+    chunk = store / "a" / "1.0"
+    chunk.unlink()
+    os.symlink(sentinel.path, chunk)
+
+    def walk(*args):
+        raise AssertionError("check_tree walked the whole array")
+
+    monkeypatch.setattr(Containment, "check_tree", walk)
+    with sentinel, pytest.raises(UnsafeStoreError, match=r"1\.0.*outside the store root"):
+        _open(store, device).a.load()
+    with sentinel, pytest.raises(UnsafeStoreError, match=r"1\.0.*outside the store root"):
+        _open(store, device, chunks={}).a[5:].compute()
+    expected = np.arange(32, dtype="float32").reshape(4, 8)
+    np.testing.assert_array_equal(host(_open(store, device).a[:4].data), expected)
+    np.testing.assert_array_equal(host(_open(store, device, chunks={}).a[:4].compute().data), expected)

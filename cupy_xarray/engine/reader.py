@@ -416,6 +416,27 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock) -> No
             t.release()
 
 
+def _check_files_zarr_reads(spec: ArraySpec, selection: tuple) -> None:
+    """Before zarr-python reads a selection: the chunk (or shard) files it will open, and their
+    directories, must stay inside the store root. Only the files the selection touches are
+    checked, so that every dask task does not walk the whole array."""
+    c = spec.containment
+    if c is None or not spec.directory or c.allow_external_links:
+        return
+    shards = getattr(spec.zarr_array, "shards", None)
+    grid = tuple(int(n) for n in shards) if shards else spec.chunks
+    if len(grid) != len(spec.shape):  # no regular grid (rectilinear chunks): check them all
+        c.check_tree(spec.directory, spec.name)
+        return
+    checked: set[str] = set()
+    for coords in {p.coords for p in plan_chunks(selection, spec.shape, grid)}:
+        key = spec.chunk_key(coords)
+        try:
+            c.stat_chunk(os.path.join(spec.directory, key), key, checked, spec.directory)
+        except FileNotFoundError:
+            pass
+
+
 def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevice):
     """Read through zarr-python's own codec pipeline (codecs the engine does not decode)."""
     from ..device import buffer_prototype
@@ -524,8 +545,7 @@ def _read_arrays(requests, device, batch_bytes, progress) -> list[Any]:
         nsel = normalize_selection(selection, spec.shape)
         log.debug(describe(spec, device))
         if isinstance(device, PrototypeDevice) or spec.fallback:
-            if spec.containment is not None and spec.directory:
-                spec.containment.check_tree(spec.directory, spec.name)
+            _check_files_zarr_reads(spec, nsel)
             outs[i] = _zarr_read(spec, nsel, device)
             continue
         oshape = output_shape(nsel, spec.shape)
