@@ -28,12 +28,9 @@ def _backend_array(data: Any):
 
 def empty_meta(device: Any, ndim: int, dtype: np.dtype) -> Any:
     """A 0-size array of ``device``'s array type (what dask keeps as ``_meta``)."""
-    from .device import PrototypeDevice
+    from .device import empty_on
 
-    shape = (0,) * ndim
-    if isinstance(device, PrototypeDevice):
-        return device.prototype.nd_buffer.create(shape=shape, dtype=dtype).as_ndarray_like()
-    return device.xp.empty(shape, dtype=dtype)
+    return empty_on(device, (0,) * ndim, dtype)
 
 
 class EngineChunkSource:

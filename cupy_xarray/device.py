@@ -139,6 +139,15 @@ class PrototypeDevice:
     name: str = "prototype"
 
 
+def empty_on(device: Device | PrototypeDevice, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """An uninitialized array of ``device``'s array type (NumPy for dtypes cupy lacks)."""
+    if isinstance(device, PrototypeDevice):
+        return device.prototype.nd_buffer.create(shape=shape, dtype=dtype).as_ndarray_like()
+    if np.dtype(dtype).kind not in "biufc":  # cupy has no datetime or string arrays
+        return np.empty(shape, dtype)
+    return device.empty(shape, dtype)
+
+
 def host_available_bytes() -> int | None:
     """``MemAvailable`` of /proc/meminfo (free plus reclaimable page cache), or None."""
     try:

@@ -439,16 +439,11 @@ def _check_files_zarr_reads(spec: ArraySpec, selection: tuple) -> None:
 
 def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevice):
     """Read through zarr-python's own codec pipeline (codecs the engine does not decode)."""
-    from ..device import buffer_prototype
+    from ..device import buffer_prototype, empty_on
 
     shape = output_shape(selection, spec.shape)
     if 0 in shape:  # zarr-python refuses empty integer selections; there is nothing to read
-        if isinstance(device, PrototypeDevice):
-            buf = device.prototype.nd_buffer.create(shape=shape, dtype=spec.dtype)
-            return buf.as_ndarray_like()
-        if spec.dtype.kind not in "biufc":  # cupy has no datetime or string arrays
-            return np.empty(shape, spec.dtype)
-        return device.empty(shape, spec.dtype)
+        return empty_on(device, shape, spec.dtype)
     sel = tuple(s.tolist() if isinstance(s, np.ndarray) else s for s in selection)
     if isinstance(device, PrototypeDevice):
         return spec.zarr_array.get_orthogonal_selection(sel, prototype=buffer_prototype(device))
