@@ -529,15 +529,13 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _read_arrays(requests, device, batch_bytes, progress) -> list[Any]:
+    normalized = [(spec, normalize_selection(sel, spec.shape)) for spec, sel in requests]
     if isinstance(device, Device):
-        check_memory(
-            [(spec, normalize_selection(sel, spec.shape)) for spec, sel in requests], device, batch_bytes
-        )
+        check_memory(normalized, device, batch_bytes)
     outs: list[Any] = [None] * len(requests)
     tasks: list[_Task] = []
     clock = _Clock(device)
-    for i, (spec, selection) in enumerate(requests):
-        nsel = normalize_selection(selection, spec.shape)
+    for i, (spec, nsel) in enumerate(normalized):
         log.debug(describe(spec, device))
         if isinstance(device, PrototypeDevice) or spec.fallback:
             _check_files_zarr_reads(spec, nsel)
