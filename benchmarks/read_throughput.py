@@ -268,8 +268,10 @@ def main() -> None:
             )
         results.append(row)
 
-    print("\n| store | path | GB/s | × zarr GPU | × GDSStore | × CPU+asarray | × raw | peak GiB |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "\n| store | path | GB/s | × zarr GPU | × GDSStore | × CPU+asarray | × raw | × raw+alloc | peak GiB |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in results:
         p = row["paths"]
 
@@ -282,6 +284,7 @@ def main() -> None:
                 f"| {row['store']} ({row['GiB']:.1f} GiB, ratio {row['ratio']:.2f}) | {label} | "
                 f"{v:.2f} | {ratio_to('zarr GPU mode', v)} | {ratio_to('GDSStore+GPU', v)} | "
                 f"{ratio_to('CPU zarr+asarray', v)} | {ratio_to('raw kvikio read', v)} | "
+                f"{ratio_to('raw read + cupy.empty', v)} | "
                 f"{r['peak_GiB']:.2f} |"
             )
     if args.json:
