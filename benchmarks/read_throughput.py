@@ -165,7 +165,7 @@ def paths_for(path: Path, threads: int):
     }
 
 
-def raw_ceiling(root: Path, nbytes: int, threads: int, repeat: int) -> float:
+def raw_ceiling(root: Path, nbytes: int, threads: int, repeat: int) -> tuple[float, float]:
     import cupy
     import kvikio
     import kvikio.defaults

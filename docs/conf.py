@@ -70,7 +70,7 @@ def _plot_benchmarks() -> None:
 
     rows = json.loads((HERE / "benchmarks.json").read_text())
     paths = list(rows[0]["paths"])
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(13, 4.5))
     width = 0.8 / len(paths)
     for i, name in enumerate(paths):
         values = [r["paths"].get(name, {}).get("GBps", 0) for r in rows]
