@@ -282,7 +282,7 @@ class GPUCodecs:
     def _decode(self, algo: str, srcs: list[Any]) -> Decoded:
         import cupy
 
-        out = self._codec(algo).decode(self._nvcomp.as_arrays(srcs))
+        out = self._codec(algo).decode(_nv_arrays(self._nvcomp, srcs))
         result = Decoded(cupy.asarray(a).view(cupy.uint8).reshape(-1) for a in out)
         result.owner = out
         return result
