@@ -54,7 +54,9 @@ def read_zarr_gds(
     progress
         Show a progress bar; default: when more than 1 GiB is read.
     batch_bytes
-        Bytes read and decoded per batch (memory used beside the output).
+        Memory a batch of reads may hold beside the output (default 2 GiB): the stored
+        bytes of chunks decoded straight into the output, the decoded bytes of the others.
+        Smaller saves memory; larger gives nvCOMP more streams per call, which is faster.
     consolidated, zarr_format
         As for ``xr.open_zarr``.
     chunks
