@@ -124,16 +124,13 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
     """Find each piece's bytes; return (tasks, number of missing chunks)."""
     tasks: list[_Task] = []
     missing = 0
+    checked: set[str] = set()  # directories already checked to stay inside the store root
     if spec.shard is None:
-        checked: set[str] = set()
         for p in pieces:
             key = spec.chunk_key(p.coords)
             path = os.path.join(spec.directory, key)
             try:
-                if spec.containment is not None:
-                    st = spec.containment.stat_chunk(path, key, checked, spec.directory)
-                else:
-                    st = os.stat(path)
+                st = spec.stat_file(path, key, checked)
             except FileNotFoundError:
                 missing += 1
                 continue
@@ -151,7 +148,7 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
         shard = tuple(c // n for c, n in zip(p.coords, per_shard))
         local = tuple(c % n for c, n in zip(p.coords, per_shard))
         if shard not in indexes:
-            indexes[shard] = read_shard_index(spec, shard)
+            indexes[shard] = read_shard_index(spec, shard, checked)
         index = indexes[shard]
         if index is None or index[local + (0,)] == EMPTY:
             missing += 1
@@ -432,7 +429,7 @@ def _check_files_zarr_reads(spec: ArraySpec, selection: tuple) -> None:
     for coords in {p.coords for p in plan_chunks(selection, spec.shape, grid)}:
         key = spec.chunk_key(coords)
         try:
-            c.stat_chunk(os.path.join(spec.directory, key), key, checked, spec.directory)
+            spec.stat_file(os.path.join(spec.directory, key), key, checked)
         except FileNotFoundError:
             pass
 

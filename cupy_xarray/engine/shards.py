@@ -17,9 +17,12 @@ from .spec import ArraySpec
 EMPTY = np.uint64(2**64 - 1)
 
 
-def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarray | None:
+def read_shard_index(
+    spec: ArraySpec, shard_coords: tuple[int, ...], checked: set[str] | None = None
+) -> np.ndarray | None:
     """The index of one shard: an array of shape ``chunks_per_shard + (2,)`` of uint64.
 
+    ``checked``: directories already checked to stay inside the store root during this read.
     Returns None when the shard file does not exist (all its chunks read as fill value).
     """
     layout = spec.shard
@@ -30,7 +33,7 @@ def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarr
     nbytes = layout.index_nbytes(spec.chunks)
     if spec.containment is not None:
         try:
-            spec.containment.stat_chunk(path, key, set())
+            spec.stat_file(path, key, set() if checked is None else checked)
         except FileNotFoundError:
             return None
     try:

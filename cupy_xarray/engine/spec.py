@@ -122,6 +122,14 @@ class ArraySpec:
     def chunk_path(self, file_coords: tuple[int, ...]) -> str:
         return os.path.join(self.directory, self.chunk_key(file_coords))
 
+    def stat_file(self, path: str, key: str, checked: set[str]) -> os.stat_result:
+        """``os.stat`` of a chunk or shard file; for an untrusted store, after checking that it
+        and its directories stay inside the root (``checked``: directories already checked
+        during this read). Raises FileNotFoundError for a missing file."""
+        if self.containment is None:
+            return os.stat(path)
+        return self.containment.stat_chunk(path, key, checked, self.directory)
+
 
 class Unsupported(Exception):
     """A codec chain the engine does not decode itself (read through zarr-python instead)."""
