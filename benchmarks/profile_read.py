@@ -75,19 +75,20 @@ def main() -> None:
             times = []
             for exact in ("0", "0", "1"):  # free-running twice, then synchronized per phase
                 os.environ["CUPY_XARRAY_PROFILE"] = exact
-                peak = cupy.get_default_memory_pool()
-                peak.free_all_blocks()
+                mempool = cupy.get_default_memory_pool()
+                mempool.free_all_blocks()
                 t0 = time.perf_counter()
                 (out,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)
                 cupy.cuda.Device().synchronize()
                 times.append(time.perf_counter() - t0)
-                pool = peak.total_bytes()
+                pool_bytes = mempool.total_bytes()
                 del out
             dt = min(times[:2])
             stats = {k: round(v * 1e3, 1) for k, v in reader.last_read_stats.items()}
             print(
                 f"{label} threads {threads} batch {batch >> 20} MiB: {data.nbytes / dt / 1e9:6.2f} GB/s "
-                f"({dt * 1e3:.0f} ms; cupy pool {pool / 2**30:.2f} GiB) phases ms (synchronized) {stats}",
+                f"({dt * 1e3:.0f} ms; cupy pool {pool_bytes / 2**30:.2f} GiB) "
+                f"phases ms (synchronized) {stats}",
                 flush=True,
             )
     if args.no_nvcomp:
