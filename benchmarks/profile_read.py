@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--batches", default="256,1024,4096", help="batch sizes in MiB")
     ap.add_argument("--no-nvcomp", action="store_true", help="skip the nvCOMP-alone timings")
     ap.add_argument("--threads", default="16", help="comma-separated I/O thread counts")
+    ap.add_argument("--cprofile", action="store_true", help="host profile (top functions) of one read")
     args = ap.parse_args()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -84,6 +85,18 @@ def main() -> None:
                 pool_bytes = mempool.total_bytes()
                 del out
             dt = min(times[:2])
+            if args.cprofile:
+                import cProfile
+                import pstats
+
+                os.environ["CUPY_XARRAY_PROFILE"] = "0"
+                prof = cProfile.Profile()
+                prof.enable()
+                (out,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)
+                cupy.cuda.Device().synchronize()
+                prof.disable()
+                del out
+                pstats.Stats(prof).sort_stats("tottime").print_stats(14)
             stats = {k: round(v * 1e3, 1) for k, v in reader.last_read_stats.items()}
             print(
                 f"{label} threads {threads} batch {batch >> 20} MiB: {data.nbytes / dt / 1e9:6.2f} GB/s "
@@ -103,8 +116,15 @@ def main() -> None:
 
         files = sorted((root / f"{label}.zarr" / "f" / "c").rglob("*"))
         bufs = [cupy.asarray(np.frombuffer(p.read_bytes(), np.uint8)) for p in files if p.is_file()]
-        codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
-        for k in sorted({len(bufs), min(len(bufs), 128), min(len(bufs), 256), min(len(bufs), 512)}):
+        policies = {"default": {}}
+        if hasattr(nvcomp, "ExecutionPolicy"):
+            policies["latency"] = {"execution_policy": nvcomp.ExecutionPolicy.LATENCY}
+        for (policy, extra), k in (
+            (p, k)
+            for p in policies.items()
+            for k in sorted({len(bufs), min(len(bufs), 128), min(len(bufs), 256), min(len(bufs), 512)})
+        ):
+            codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW, **extra)
             batch = nvcomp.as_arrays(bufs[:k])
             out = codec.decode(batch)
             _ = out[0]
@@ -115,7 +135,7 @@ def main() -> None:
             cupy.cuda.Device().synchronize()
             dt = time.perf_counter() - t0
             nbytes = sum(int(cupy.asarray(o).nbytes) for o in out)
-            print(f"nvCOMP alone {label} x{k}: {nbytes / dt / 1e9:6.2f} GB/s", flush=True)
+            print(f"nvCOMP alone {label} x{k} ({policy} policy): {nbytes / dt / 1e9:6.2f} GB/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import DecodeFailure, decoded_sizes, zstd_frame_lengths
+from .codecs import DecodeFailure, aligned_slots, decoded_sizes, zstd_frame_lengths
 
 #: Blosc compressor format codes (header flags >> 5) the engine decodes
 FORMATS = {1: "lz4", 4: "zstd"}
@@ -311,24 +311,14 @@ def _carve_supported(device: Any) -> bool:
     return nv is not None and hasattr(nv, "as_arrays")
 
 
-def _aligned_slots(lengths: np.ndarray, align: int = 16) -> tuple[np.ndarray, int]:
-    slots = np.zeros(len(lengths), dtype=np.int64)
-    if len(lengths) > 1:
-        slots[1:] = np.cumsum(-(-lengths[:-1] // align) * align)
-    total = int(slots[-1] + lengths[-1]) if len(lengths) else 0
-    return slots, total + align
-
-
 def _decode_gpu(device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarray, ptr: np.ndarray) -> Any:
     """Decode all streams of one codec into 16-byte aligned slots of one buffer (no per-stream
     Python objects): nvCOMP batches carved from the staging and output buffers."""
     xp, nv = device.xp, device.codecs._nvcomp
     clen, dlen = lay.clen[idx], lay.dlen[idx]
     source, src = _pack(xp, buffer, lay.src[idx], clen, device)
-    dst, total = _aligned_slots(dlen)
+    dst, total = aligned_slots(dlen)
     target = xp.empty((total,), dtype=xp.uint8)
-    # nvCOMP runs on its own stream: what our stream wrote (and freed) must be done first
-    xp.cuda.get_current_stream().synchronize()
     try:
         srcs = nv.as_arrays(source, src.tolist(), clen.tolist())
         outs = nv.as_arrays(target, dst.tolist(), dlen.tolist())
@@ -352,7 +342,7 @@ def _pack(xp: Any, buffer: Any, src: np.ndarray, clen: np.ndarray, device: Any) 
     """The streams' buffer and positions, copied to 16-byte aligned slots where nvCOMP needs it."""
     if device.name != "gpu" or not len(src) or not (src % 16).any():
         return buffer, src
-    slots, total = _aligned_slots(clen)
+    slots, total = aligned_slots(clen)
     packed = xp.empty((total,), dtype=xp.uint8)
     _batched_copy(xp, buffer, packed, src, slots, clen)
     return packed, slots
@@ -394,30 +384,33 @@ extern "C" __global__ void batched_copy(const unsigned char* src, unsigned char*
     for (long long i = threadIdx.x; i < len[seg]; i += blockDim.x) d[i] = s[i];
 }
 
+/* byte i of a block's shuffled bytes: in its only stream, or in split stream i / neblock */
+__device__ __forceinline__ unsigned char shuffled_at(const unsigned char* const* sp, int ns, int neblock, int i) {
+    return ns == 1 ? sp[0][i] : sp[i / neblock][i % neblock];
+}
+
+/* 32-bit indices (a Blosc block is < 2 GiB): 64-bit division is emulated and was the cost */
 extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
         const int* bsize, const int* bts, const int* bmode, const int* bns, const long long* bs0,
         const unsigned long long* sptr) {
-    long long blk = blockIdx.y;
+    int blk = blockIdx.y;
     int size = bsize[blk], ts = bts[blk], mode = bmode[blk], ns = bns[blk];
-    long long s0 = bs0[blk];
-    long long neblock = size / ns;
+    const unsigned char* const* sp = (const unsigned char* const*)(sptr + bs0[blk]);
+    int neblock = size / ns;
     unsigned char* o = (unsigned char*)bdst[blk];
-    long long n = size / ts;
-    long long n8 = n - n % 8;
-    long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    long long done = 0;  /* bytes [0, done) are written by the bit path */
+    int n = size / ts;
+    int n8 = n - n % 8;
+    int start = blockIdx.x * blockDim.x + threadIdx.x;
+    int stride = gridDim.x * blockDim.x;
+    int done = 0;  /* bytes [0, done) are written by a shuffle path, the rest copied as stored */
     if ((mode == 2 || (mode == 3 && n % 8 == 0)) && n8 > 0) {
         /* one unit = byte b of elements 8r..8r+7: eight bit-plane bytes in, eight bytes out */
-        long long row = n8 / 8;
-        long long units = row * ts;
-        for (long long u = start; u < units; u += stride) {
-            long long b = u / row, r = u % row;
+        int row = n8 / 8;
+        int units = row * ts;
+        for (int u = start; u < units; u += stride) {
+            int b = u / row, r = u - b * row;
             unsigned char x[8];
-            for (int k = 0; k < 8; k++) {
-                long long q = (b * 8 + k) * row + r;
-                x[k] = ((const unsigned char*)sptr[s0 + q / neblock])[q % neblock];
-            }
+            for (int k = 0; k < 8; k++) x[k] = shuffled_at(sp, ns, neblock, (b * 8 + k) * row + r);
             for (int m = 0; m < 8; m++) {
                 unsigned char v = 0;
                 for (int k = 0; k < 8; k++) v |= ((x[k] >> m) & 1) << k;
@@ -425,12 +418,17 @@ extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
             }
         }
         done = n8 * ts;
+    } else if (mode == 1 && ts > 1) {
+        /* one thread per element: byte b comes from plane b (split stream b, or the b-th run
+           of n bytes of the one stream) */
+        bool planes = ns == ts && neblock == n;
+        for (int e = start; e < n; e += stride) {
+            unsigned char* d = o + e * ts;
+            for (int b = 0; b < ts; b++) d[b] = planes ? sp[b][e] : shuffled_at(sp, ns, neblock, b * n + e);
+        }
+        done = n * ts;
     }
-    for (long long p = done + start; p < size; p += stride) {
-        long long i = p;
-        if (mode == 1 && ts > 1 && p < n * ts) i = (p % ts) * n + p / ts;
-        o[p] = ((const unsigned char*)sptr[s0 + i / neblock])[i % neblock];
-    }
+    for (int p = done + start; p < size; p += stride) o[p] = shuffled_at(sp, ns, neblock, p);
 }
 """
 

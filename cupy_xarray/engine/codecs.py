@@ -240,6 +240,16 @@ class CPUCodecs:
             return Decoded(pool.map(one, range(len(srcs))))
 
 
+def aligned_slots(lengths: np.ndarray, align: int = 16) -> tuple[np.ndarray, int]:
+    """Offsets that lay buffers of ``lengths`` bytes out back to back, each starting on an
+    ``align``-byte boundary (nvCOMP's requirement), and the bytes that layout needs."""
+    slots = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths) > 1:
+        slots[1:] = np.cumsum(-(-lengths[:-1] // align) * align)
+    total = int(slots[-1] + lengths[-1]) if len(lengths) else 0
+    return slots, total + align
+
+
 def _nv_arrays(nv: Any, arrs: list[Any]) -> Any:
     """nvCOMP arrays for many 1-D uint8 cupy views, carved from their common buffer in one call
     when they share one (converting view by view costs microseconds each)."""
@@ -273,11 +283,18 @@ class GPUCodecs:
         return self._nvcomp is not None
 
     def _codec(self, algo: str):
+        """This thread's codec for ``algo``, working on the current stream (so that it is
+        ordered with our kernels and copies, and two threads' decodes can overlap)."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream().ptr
         cache = self._local.__dict__.setdefault("codecs", {})
-        if algo not in cache:
+        if (algo, stream) not in cache:
             nv = self._nvcomp
-            cache[algo] = nv.Codec(algorithm=NVCOMP_ALGORITHMS[algo], bitstream_kind=nv.BitstreamKind.RAW)
-        return cache[algo]
+            cache[algo, stream] = nv.Codec(
+                algorithm=NVCOMP_ALGORITHMS[algo], bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=stream
+            )
+        return cache[algo, stream]
 
     def _decode(self, algo: str, srcs: list[Any]) -> Decoded:
         import cupy
@@ -298,18 +315,12 @@ class GPUCodecs:
         scratch = None
         if missing:
             sizes = np.array([expected[i] for i in missing], dtype=np.int64)
-            slots = np.zeros(len(sizes), dtype=np.int64)
-            slots[1:] = np.cumsum(-(-sizes[:-1] // 16) * 16)
-            scratch = cupy.empty(int(slots[-1] + sizes[-1]) + 16, dtype=cupy.uint8)
+            slots, total = aligned_slots(sizes)
+            scratch = cupy.empty(total, dtype=cupy.uint8)
             for i, p, n in zip(missing, slots.tolist(), sizes.tolist()):
                 outs[i] = scratch[p : p + n]
-        current = cupy.cuda.get_current_stream()
-        current.synchronize()  # nvCOMP runs on its own stream: the outputs must be ready for it
         result = self._codec(algo).decode(_nv_arrays(nv, srcs), out=_nv_arrays(nv, outs))
         got = decoded_sizes(result, len(outs))
-        done = cupy.cuda.Event()
-        done.record(cupy.cuda.Stream.null)
-        current.wait_event(done)  # later work on our stream sees the decoded bytes
         for i, (g, e) in enumerate(zip(got, expected)):
             if g != e:
                 raise _size_failure(algo, i, g, e)
