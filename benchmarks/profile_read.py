@@ -31,7 +31,14 @@ def main() -> None:
     ap.add_argument("--no-nvcomp", action="store_true", help="skip the nvCOMP-alone timings")
     ap.add_argument("--threads", default="16", help="comma-separated I/O thread counts")
     ap.add_argument("--cprofile", action="store_true", help="host profile (top functions) of one read")
+    ap.add_argument(
+        "--nvcomp-cupy-pool", action="store_true", help="give nvCOMP cupy's memory pool for its device memory"
+    )
     args = ap.parse_args()
+    if args.nvcomp_cupy_pool:
+        from nvidia import nvcomp
+
+        nvcomp.set_device_allocator(lambda nbytes, stream: cupy.cuda.alloc(nbytes))
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     import zarr

@@ -319,6 +319,8 @@ def _decode_gpu(device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarra
     source, src = _pack(xp, buffer, lay.src[idx], clen, device)
     dst, total = aligned_slots(dlen)
     target = xp.empty((total,), dtype=xp.uint8)
+    # nvCOMP runs on its own stream: what our stream wrote (and freed) must be done first
+    xp.cuda.get_current_stream().synchronize()
     try:
         srcs = nv.as_arrays(source, src.tolist(), clen.tolist())
         outs = nv.as_arrays(target, dst.tolist(), dlen.tolist())
@@ -385,7 +387,8 @@ extern "C" __global__ void batched_copy(const unsigned char* src, unsigned char*
 }
 
 /* byte i of a block's shuffled bytes: in its only stream, or in split stream i / neblock */
-__device__ __forceinline__ unsigned char shuffled_at(const unsigned char* const* sp, int ns, int neblock, int i) {
+__device__ __forceinline__ unsigned char shuffled_at(const unsigned char* const* sp, int ns, int neblock,
+        int i) {
     return ns == 1 ? sp[0][i] : sp[i / neblock][i % neblock];
 }
 

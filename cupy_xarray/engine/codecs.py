@@ -283,18 +283,13 @@ class GPUCodecs:
         return self._nvcomp is not None
 
     def _codec(self, algo: str):
-        """This thread's codec for ``algo``, working on the current stream (so that it is
-        ordered with our kernels and copies, and two threads' decodes can overlap)."""
-        import cupy
-
-        stream = cupy.cuda.get_current_stream().ptr
+        """This thread's codec for ``algo``. nvCOMP runs it on a stream of its own: handing
+        it our stream (``cuda_stream=``) crashed the process under concurrent reads."""
         cache = self._local.__dict__.setdefault("codecs", {})
-        if (algo, stream) not in cache:
+        if algo not in cache:
             nv = self._nvcomp
-            cache[algo, stream] = nv.Codec(
-                algorithm=NVCOMP_ALGORITHMS[algo], bitstream_kind=nv.BitstreamKind.RAW, cuda_stream=stream
-            )
-        return cache[algo, stream]
+            cache[algo] = nv.Codec(algorithm=NVCOMP_ALGORITHMS[algo], bitstream_kind=nv.BitstreamKind.RAW)
+        return cache[algo]
 
     def _decode(self, algo: str, srcs: list[Any]) -> Decoded:
         import cupy
@@ -319,8 +314,13 @@ class GPUCodecs:
             scratch = cupy.empty(total, dtype=cupy.uint8)
             for i, p, n in zip(missing, slots.tolist(), sizes.tolist()):
                 outs[i] = scratch[p : p + n]
+        current = cupy.cuda.get_current_stream()
+        current.synchronize()  # nvCOMP runs on its own stream: the outputs must be ready for it
         result = self._codec(algo).decode(_nv_arrays(nv, srcs), out=_nv_arrays(nv, outs))
         got = decoded_sizes(result, len(outs))
+        done = cupy.cuda.Event()
+        done.record(cupy.cuda.Stream.null)
+        current.wait_event(done)  # later work on our stream sees the decoded bytes
         for i, (g, e) in enumerate(zip(got, expected)):
             if g != e:
                 raise _size_failure(algo, i, g, e)
