@@ -23,7 +23,56 @@ sys.path.insert(0, str(Path(__file__).parent))
 from read_throughput import write_stores  # noqa: E402
 
 
-def run(store: Path, devices: str, tchunk: int, repeat: int, tpw: int, io_threads: int) -> dict:
+def _trace_reads() -> None:
+    """On a worker: record every engine read's start, end and phases (see --trace)."""
+    import threading
+    import time as _time
+
+    from cupy_xarray import backend
+    from cupy_xarray.engine import reader
+
+    if getattr(backend, "_traced", None) is not None:
+        backend._traced.clear()
+        return
+    backend._traced = traced = []
+    inner = backend.read_arrays
+
+    def read_arrays(*args, **kwargs):
+        t0 = _time.perf_counter()
+        out = inner(*args, **kwargs)
+        traced.append((t0, _time.perf_counter(), threading.get_ident(), dict(reader.last_read_stats)))
+        return out
+
+    backend.read_arrays = read_arrays
+
+
+def _traced_reads() -> list:
+    from cupy_xarray import backend
+
+    return list(getattr(backend, "_traced", []))
+
+
+def _summarize(traces: dict, wall: float) -> str:
+    lines = []
+    for worker, reads in traces.items():
+        if not reads:
+            continue
+        busy = sum(e - s for s, e, _, _ in reads)
+        phases: dict[str, float] = {}
+        for *_, st in reads:
+            for k, v in st.items():
+                phases[k] = phases.get(k, 0.0) + v
+        mean = {k: round(1e3 * v / len(reads), 1) for k, v in phases.items()}
+        lines.append(
+            f"  {worker}: {len(reads)} reads, {1e3 * busy / len(reads):.0f} ms each, read time / wall "
+            f"{busy / wall:.2f}; mean phases ms (racy across threads): {mean}"
+        )
+    return "\n".join(lines)
+
+
+def run(
+    store: Path, devices: str, tchunk: int, repeat: int, tpw: int, io_threads: int, trace: bool = False
+) -> dict:
     import xarray as xr
     from dask_cuda import LocalCUDACluster
     from distributed import Client, wait
@@ -56,6 +105,14 @@ def run(store: Path, devices: str, tchunk: int, repeat: int, tpw: int, io_thread
 
         once()  # warm: page cache, CUDA contexts, nvCOMP, kvikio threads on every worker
         times = [once() for _ in range(repeat)]
+        if trace:  # one more run, with every read timed on the workers
+            client.run(_trace_reads)
+            client.run(_trace_reads)
+            wall = once()
+            print(
+                f"trace, GPUs {devices}, {wall:.2f} s:\n{_summarize(client.run(_traced_reads), wall)}",
+                flush=True,
+            )
         nbytes = xr.open_dataset(store, engine="kvikio", chunks={}).field.nbytes
     best = min(times)
     median = sorted(times)[len(times) // 2]
@@ -88,6 +145,7 @@ def main() -> None:
         help="I/O threads per worker (CUPY_XARRAY_THREADS); auto: the host's cores split between the workers",
     )
     ap.add_argument("--json", default=None)
+    ap.add_argument("--trace", action="store_true", help="time every read on the workers in one extra run")
     args = ap.parse_args()
 
     import cupy
@@ -106,8 +164,10 @@ def main() -> None:
                 return int(args.io_threads)
             return max(4, min(32, (os.cpu_count() or 8) // workers))
 
-        one = run(store, "0", tchunk, args.repeat, tpw, io(1))
-        rows = [one] + ([run(store, all_gpus, tchunk, args.repeat, tpw, io(ngpu))] if ngpu > 1 else [])
+        one = run(store, "0", tchunk, args.repeat, tpw, io(1), args.trace)
+        rows = [one] + (
+            [run(store, all_gpus, tchunk, args.repeat, tpw, io(ngpu), args.trace)] if ngpu > 1 else []
+        )
         for r in rows:
             r.update(
                 tchunk=tchunk,

@@ -32,6 +32,12 @@ def main() -> None:
     ap.add_argument("--threads", default="16", help="comma-separated I/O thread counts")
     ap.add_argument("--cprofile", action="store_true", help="host profile (top functions) of one read")
     ap.add_argument(
+        "--concurrent",
+        type=int,
+        default=0,
+        help="also read the store in N parts, in turn and in N threads",
+    )
+    ap.add_argument(
         "--nvcomp-cupy-pool", action="store_true", help="give nvCOMP cupy's memory pool for its device memory"
     )
     args = ap.parse_args()
@@ -111,6 +117,8 @@ def main() -> None:
                 f"phases ms (synchronized) {stats}",
                 flush=True,
             )
+        if args.concurrent > 1:
+            _concurrent(spec, args.concurrent, data.nbytes, label)
     if args.no_nvcomp:
         return
     # nvCOMP alone on the zstd chunks, already in GPU memory
@@ -143,6 +151,44 @@ def main() -> None:
             dt = time.perf_counter() - t0
             nbytes = sum(int(cupy.asarray(o).nbytes) for o in out)
             print(f"nvCOMP alone {label} x{k} ({policy} policy): {nbytes / dt / 1e9:6.2f} GB/s", flush=True)
+
+
+def _concurrent(spec, parts: int, nbytes: int, label: str) -> None:
+    """Parts of a store read one after another, then each in its own thread (as dask's threads
+    do on one GPU): does the device overlap the reads?"""
+    import threading
+
+    import cupy
+
+    from cupy_xarray.device import resolve_device
+    from cupy_xarray.engine import read_arrays
+
+    os.environ["CUPY_XARRAY_PROFILE"] = "0"
+    n = spec.shape[0]
+    sels = [(slice(k * n // parts, (k + 1) * n // parts),) for k in range(parts)]
+    dev = resolve_device("gpu")
+
+    def one(sel, outs):
+        outs.append(read_arrays([(spec, sel)], dev)[0])
+
+    for how in ("one after another", f"{parts} threads", "one after another", f"{parts} threads"):
+        outs: list = []
+        cupy.get_default_memory_pool().free_all_blocks()
+        t0 = time.perf_counter()
+        if how == "one after another":
+            for sel in sels:
+                one(sel, outs)
+        else:
+            threads = [threading.Thread(target=one, args=(sel, outs)) for sel in sels]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        cupy.cuda.Device().synchronize()
+        dt = time.perf_counter() - t0
+        assert len(outs) == parts
+        print(f"{label} in {parts} parts, {how}: {nbytes / dt / 1e9:6.2f} GB/s", flush=True)
+        del outs
 
 
 if __name__ == "__main__":
