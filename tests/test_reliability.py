@@ -315,3 +315,66 @@ def test_concurrent_reads_in_many_batches_are_exact(tmp_path, codec):
     for t in threads:
         t.join()
     assert not errors, errors[:2]
+
+
+def test_cpu_reads_are_not_serialized():
+    """Decoding on the CPU gains from more threads: only GPU reads take turns."""
+    from cupy_xarray.device import resolve_device
+
+    device = resolve_device("cpu")
+    both_inside = threading.Barrier(2, timeout=10)
+    errors = []
+
+    def enter():
+        try:
+            with device.exclusive():
+                both_inside.wait()
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enter) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.gpu
+def test_reads_sharing_a_gpu_take_turns(tmp_path, monkeypatch):
+    """Two threads' reads of one GPU: their reading and decoding never overlap, results exact."""
+    from cupy_xarray import read_zarr_gds
+    from cupy_xarray.device import resolve_device
+
+    device = resolve_device("gpu")
+    spans, inner = [], device.io.session
+
+    @contextlib.contextmanager
+    def timed_session(threads):
+        with inner(threads) as s:
+            t0 = time.perf_counter()
+            time.sleep(0.05)  # widen the window in which an overlap would show
+            yield s
+            spans.append((t0, time.perf_counter()))
+
+    monkeypatch.setattr(device.io, "session", timed_session)
+    refs = [_write(tmp_path / f"s{i}.zarr", [ZSTD], seed=i).air.values for i in range(2)]
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(3):
+                got = read_zarr_gds(tmp_path / f"s{i}.zarr", device=device).air.data
+                np.testing.assert_array_equal(host(got), refs[i])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:2]
+    spans.sort()
+    assert len(spans) == 6
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans

@@ -392,6 +392,62 @@ __device__ __forceinline__ unsigned char shuffled_at(const unsigned char* const*
     return ns == 1 ? sp[0][i] : sp[i / neblock][i % neblock];
 }
 
+/* the 8x8 bit matrix in x (row k = byte k, column m = bit m), transposed */
+__device__ __forceinline__ unsigned long long transpose8(unsigned long long x) {
+    unsigned long long t;
+    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;  x = x ^ t ^ (t << 7);
+    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL; x = x ^ t ^ (t << 14);
+    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL; x = x ^ t ^ (t << 28);
+    return x;
+}
+
+/* bit unshuffle for a typesize known at compile time: one thread builds the TS bytes of 8
+   elements in registers and stores them with wide writes (byte writes at a stride of TS
+   made the old kernel write-bound) */
+template <int TS>
+__device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int neblock, unsigned char* o,
+        int row, int start, int stride) {
+    unsigned long long addr = (unsigned long long)o;
+    int store = (TS % 2 == 0 && addr % 16 == 0) ? 16 : (addr % 8 == 0 ? 8 : 1);
+    for (int r = start; r < row; r += stride) {
+        unsigned int w[2 * TS];
+#pragma unroll
+        for (int i = 0; i < 2 * TS; i++) w[i] = 0;
+#pragma unroll
+        for (int b = 0; b < TS; b++) {
+            unsigned long long x = 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                x |= (unsigned long long)shuffled_at(sp, ns, neblock, (b * 8 + k) * row + r) << (8 * k);
+            x = transpose8(x);
+#pragma unroll
+            for (int m = 0; m < 8; m++) {
+                int i = m * TS + b;
+                w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
+            }
+        }
+        unsigned char* d = o + r * 8 * TS;
+        if (store == 16) {
+#pragma unroll
+            for (int i = 0; i < TS / 2; i++) {
+                uint4 v;
+                v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
+                ((uint4*)d)[i] = v;
+            }
+        } else if (store == 8) {
+#pragma unroll
+            for (int i = 0; i < TS; i++) {
+                uint2 v;
+                v.x = w[2 * i]; v.y = w[2 * i + 1];
+                ((uint2*)d)[i] = v;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
+        }
+    }
+}
+
 /* 32-bit indices (a Blosc block is < 2 GiB): 64-bit division is emulated and was the cost */
 extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
         const int* bsize, const int* bts, const int* bmode, const int* bns, const long long* bs0,
@@ -407,18 +463,26 @@ extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
     int stride = gridDim.x * blockDim.x;
     int done = 0;  /* bytes [0, done) are written by a shuffle path, the rest copied as stored */
     if ((mode == 2 || (mode == 3 && n % 8 == 0)) && n8 > 0) {
-        /* one unit = byte b of elements 8r..8r+7: eight bit-plane bytes in, eight bytes out */
         int row = n8 / 8;
-        int units = row * ts;
-        for (int u = start; u < units; u += stride) {
-            int b = u / row, r = u - b * row;
-            unsigned char x[8];
-            for (int k = 0; k < 8; k++) x[k] = shuffled_at(sp, ns, neblock, (b * 8 + k) * row + r);
-            for (int m = 0; m < 8; m++) {
-                unsigned char v = 0;
-                for (int k = 0; k < 8; k++) v |= ((x[k] >> m) & 1) << k;
-                o[(r * 8 + m) * ts + b] = v;
+        switch (ts) {
+        case 1: bit_unshuffle<1>(sp, ns, neblock, o, row, start, stride); break;
+        case 2: bit_unshuffle<2>(sp, ns, neblock, o, row, start, stride); break;
+        case 4: bit_unshuffle<4>(sp, ns, neblock, o, row, start, stride); break;
+        case 8: bit_unshuffle<8>(sp, ns, neblock, o, row, start, stride); break;
+        default: {
+            /* one unit = byte b of elements 8r..8r+7: eight bit-plane bytes in, eight bytes out */
+            int units = row * ts;
+            for (int u = start; u < units; u += stride) {
+                int b = u / row, r = u - b * row;
+                unsigned char x[8];
+                for (int k = 0; k < 8; k++) x[k] = shuffled_at(sp, ns, neblock, (b * 8 + k) * row + r);
+                for (int m = 0; m < 8; m++) {
+                    unsigned char v = 0;
+                    for (int k = 0; k < 8; k++) v |= ((x[k] >> m) & 1) << k;
+                    o[(r * 8 + m) * ts + b] = v;
+                }
             }
+        }
         }
         done = n8 * ts;
     } else if (mode == 1 && ts > 1) {

@@ -566,7 +566,7 @@ def _read_arrays(requests, device, batch_bytes, progress) -> list[Any]:
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading")
     pending: list = []
     try:
-        with device.io.session(device.threads) as session:
+        with device.exclusive(), device.io.session(device.threads) as session:
             try:
                 pending.append(_submit(session, batches[0], outs, device))
                 for b, batch in enumerate(batches):
