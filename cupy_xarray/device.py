@@ -133,24 +133,6 @@ class Device:
             self.xp.cuda.get_current_stream().synchronize()
 
     @contextlib.contextmanager
-    def stream(self):
-        """Run a read on this thread's own CUDA stream, and wait for it before returning.
-
-        Reads in different threads (dask tasks on one GPU) then overlap on the device
-        instead of queueing on the default stream; the output is ready on any stream
-        afterwards. A no-op on the CPU.
-        """
-        if self.name != "gpu":
-            yield
-            return
-        s = _thread_stream(self.xp)
-        with s:
-            try:
-                yield
-            finally:
-                s.synchronize()
-
-    @contextlib.contextmanager
     def exclusive(self):
         """Hold this GPU for the reading and decoding of one read at a time.
 
@@ -169,23 +151,8 @@ class Device:
             yield
 
 
-_streams = threading.local()
 _gpu_locks: dict[int, threading.Lock] = {}
 _locks_guard = threading.Lock()
-
-
-def _thread_stream(cupy: Any) -> Any:
-    """This thread's read stream on the current device, created once and kept.
-
-    Kept, not made per read: cupy's memory pool keeps freed blocks per stream. The stream
-    is a blocking one, so it is still ordered against work on the legacy default stream
-    (a user's kernels that read an output which is then freed and handed to a new read).
-    """
-    by_device = _streams.__dict__.setdefault("by_device", {})
-    dev = cupy.cuda.Device().id
-    if dev not in by_device:
-        by_device[dev] = cupy.cuda.Stream(non_blocking=False)
-    return by_device[dev]
 
 
 @dataclass

@@ -246,41 +246,6 @@ def test_threads_mixing_gpu_and_cpu(tmp_path):
 
 
 @pytest.mark.gpu
-def test_each_thread_reads_on_its_own_stream(tmp_path):
-    import cupy
-
-    from cupy_xarray.device import resolve_device
-
-    device = resolve_device("gpu")
-    seen: dict[int, list] = {}
-
-    def record(k):
-        seen[k] = []
-        for _ in range(2):
-            with device.stream():
-                seen[k].append(cupy.cuda.get_current_stream())
-
-    threads = [threading.Thread(target=record, args=(k,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    ptrs = [s[0].ptr for s in seen.values()]
-    assert len(set(ptrs)) == 3 and 0 not in ptrs, ptrs  # one per thread, none the default stream
-    assert all(s[0] is s[1] for s in seen.values())  # kept for the thread's next read
-
-    # the caller's stream is current again afterwards, and the output is ready on it
-    ref = _write(tmp_path / "s.zarr", [ZSTD]).air.values
-    mine = cupy.cuda.Stream(non_blocking=True)
-    with mine:
-        got = xr.open_dataset(tmp_path / "s.zarr", engine="kvikio").air.load().data
-        assert cupy.cuda.get_current_stream() is mine
-        total = got.astype(cupy.float64).sum()
-    np.testing.assert_array_equal(host(got), ref)
-    assert float(total) == float(ref.astype(np.float64).sum())
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("codec", ["zstd", "blosc"])
 def test_concurrent_reads_in_many_batches_are_exact(tmp_path, codec):
     """Threads reading at once, each in many batches whose staging memory is reused: every

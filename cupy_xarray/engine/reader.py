@@ -507,9 +507,6 @@ def read_arrays(
         The outputs do not fit in free memory (checked before anything is allocated).
     """
     try:
-        if isinstance(device, Device):
-            with device.stream():
-                return _read_arrays(requests, device, batch_bytes, progress)
         return _read_arrays(requests, device, batch_bytes, progress)
     except BaseException as exc:
         # the traceback keeps every frame below alive, and with them device buffers: clear
