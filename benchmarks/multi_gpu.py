@@ -2,7 +2,7 @@
 
 Usage (on a machine with two or more GPUs)::
 
-    python benchmarks/multi_gpu.py --dir /tmp/bench --size-gib 8 --json multi.json
+    python benchmarks/multi_gpu.py --dir /tmp/bench --size-gib 24 --json multi.json
 
 It writes (once) a zstd store of a smooth float32 field, opens it with
 ``engine="kvikio", chunks={"t": ...}`` and computes ``field.mean("t")`` and ``field.std()``
@@ -144,11 +144,11 @@ def run(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/cupy-xarray-bench")
-    ap.add_argument("--size-gib", type=float, default=8.0)
+    ap.add_argument("--size-gib", type=float, default=24.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument(
         "--configs",
-        default="128x2",
+        default="256x2",
         help="comma-separated TxN: T time steps (4 MiB each) per dask chunk, N tasks in flight per GPU "
         "(dask threads per worker)",
     )

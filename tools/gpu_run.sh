@@ -18,8 +18,8 @@ CUPY_XARRAY_EXAMPLES=${EXAMPLES:-2000} timeout 150 python3 -m pytest -q -m gpu t
   --hypothesis-show-statistics -p no:cacheprovider -W ignore > "$OUT/gpu_random.log" 2>&1
 timeout 400 python3 tools/run_notebooks.py "$OUT/notebooks" > "$OUT/notebooks.log" 2>&1
 if [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
-  timeout 200 python3 benchmarks/multi_gpu.py --dir /tmp/bench --size-gib "${1:-12}" --repeat 5 \
-    --configs "${CONFIGS:-256x2,192x2}" --json "$OUT/multi_gpu.json" > "$OUT/multi_gpu.log" 2>&1
+  timeout 300 python3 benchmarks/multi_gpu.py --dir /tmp/bench --size-gib "${1:-24}" --repeat 3 \
+    --configs "${CONFIGS:-256x2}" --json "$OUT/multi_gpu.json" > "$OUT/multi_gpu.log" 2>&1
 fi
 for f in "$OUT"/*.log; do echo "== $f"; tail -3 "$f"; done
 grep -h "|" "$OUT/multi_gpu.log" 2>/dev/null
