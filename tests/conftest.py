@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -44,3 +46,21 @@ def expected_type(device: str) -> str:
 
 def module_of(x) -> str:
     return type(x).__module__.split(".")[0]
+
+
+def run_in_threads(work, count: int) -> list[BaseException]:
+    """Run ``work(k)`` for k in range(count), each in its own thread; return what they raised."""
+    errors: list[BaseException] = []
+
+    def guarded(k):
+        try:
+            work(k)
+        except Exception as exc:  # noqa: BLE001 - handed back to the test to assert on
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors

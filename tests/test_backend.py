@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
 import zarr
-from conftest import expected_type, host, module_of
+from conftest import expected_type, host, module_of, run_in_threads
 
 import cupy_xarray  # noqa: F401
 from cupy_xarray.backend import KvikioBackendArray
@@ -154,23 +152,15 @@ def test_zarr_config_untouched_and_threads(tmp_path):
         paths.append(str(p))
     refs = [xr.open_dataset(p, engine="zarr").load() for p in paths]
     before = repr(zarr.config.config)
-    errors = []
 
     def work(k):
-        try:
-            for j in range(6):
-                i = (k + j) % 4
-                ds = xr.open_dataset(paths[i], engine="kvikio", device="cpu").load()
-                for name in ("packed", "masked"):
-                    np.testing.assert_array_equal(host(ds[name].data), refs[i][name].values)
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+        for j in range(6):
+            i = (k + j) % 4
+            ds = xr.open_dataset(paths[i], engine="kvikio", device="cpu").load()
+            for name in ("packed", "masked"):
+                np.testing.assert_array_equal(host(ds[name].data), refs[i][name].values)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work, 8)
     assert not errors, errors
     assert repr(zarr.config.config) == before
 

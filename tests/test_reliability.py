@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from conftest import host
+from conftest import host, run_in_threads
 
 import cupy_xarray  # noqa: F401
 from cupy_xarray.errors import ChunkError, OutOfMemoryError
@@ -207,32 +207,25 @@ def test_threads_mixing_gpu_and_cpu(tmp_path):
     before_config = repr(zarr.config.config)
     restore_kvikio_threads()  # earlier tests' reads may still hold kvikio's count raised
     before_threads = kvikio.defaults.get("num_threads")
-    errors, reads = [], [0]
+    reads = [0]
     stop = time.monotonic() + 20
 
     def work(k):
         rng = random.Random(k)
-        try:
-            while time.monotonic() < stop:
-                i = rng.randrange(len(paths))
-                device = "gpu" if (k + reads[0]) % 2 else "cpu"
-                ds = xr.open_dataset(paths[i], engine="kvikio", device=device)
-                sel = slice(rng.randrange(0, 8), rng.randrange(8, 16))
-                got = ds.air[sel].load().data
-                assert type(got).__module__.split(".")[0] == ("cupy" if device == "gpu" else "numpy"), (
-                    device,
-                    type(got),
-                )
-                np.testing.assert_array_equal(host(got), refs[i][sel], err_msg=f"{device} store {i} {sel}")
-                reads[0] += 1
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+        while time.monotonic() < stop:
+            i = rng.randrange(len(paths))
+            device = "gpu" if (k + reads[0]) % 2 else "cpu"
+            ds = xr.open_dataset(paths[i], engine="kvikio", device=device)
+            sel = slice(rng.randrange(0, 8), rng.randrange(8, 16))
+            got = ds.air[sel].load().data
+            assert type(got).__module__.split(".")[0] == ("cupy" if device == "gpu" else "numpy"), (
+                device,
+                type(got),
+            )
+            np.testing.assert_array_equal(host(got), refs[i][sel], err_msg=f"{device} store {i} {sel}")
+            reads[0] += 1
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work, 8)
     assert not errors, errors[:3]
     assert reads[0] > 100, reads[0]
     assert repr(zarr.config.config) == before_config
@@ -248,8 +241,8 @@ def test_threads_mixing_gpu_and_cpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("codec", ["zstd", "blosc"])
 def test_concurrent_reads_in_many_batches_are_exact(tmp_path, codec):
-    """Threads reading at once, each in many batches whose staging memory is reused: every
-    thread's decodes and copies run on its own stream and must not see another's buffers."""
+    """Threads reading at once, each in many batches whose staging memory is reused: no
+    thread may see another's buffers."""
     from cupy_xarray import read_zarr_gds
 
     compressor = ZSTD if codec == "zstd" else zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle")
@@ -263,22 +256,14 @@ def test_concurrent_reads_in_many_batches_are_exact(tmp_path, codec):
             encoding={"v": {"chunks": (2, 128, 256), "compressors": compressor}},
         )
         refs.append(data)
-    errors = []
 
     def work(k):
-        try:
-            for r in range(4):
-                i = (k + r) % 4
-                got = read_zarr_gds(tmp_path / f"s{i}.zarr", batch_bytes=1 << 20).v.data
-                np.testing.assert_array_equal(host(got), refs[i], err_msg=f"thread {k} store {i}")
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+        for r in range(4):
+            i = (k + r) % 4
+            got = read_zarr_gds(tmp_path / f"s{i}.zarr", batch_bytes=1 << 20).v.data
+            np.testing.assert_array_equal(host(got), refs[i], err_msg=f"thread {k} store {i}")
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work, 4)
     assert not errors, errors[:2]
 
 
@@ -288,20 +273,12 @@ def test_cpu_reads_are_not_serialized():
 
     device = resolve_device("cpu")
     both_inside = threading.Barrier(2, timeout=10)
-    errors = []
 
-    def enter():
-        try:
-            with device.exclusive():
-                both_inside.wait()
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+    def enter(_):
+        with device.exclusive():
+            both_inside.wait()
 
-    threads = [threading.Thread(target=enter) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(enter, 2)
     assert not errors, errors
 
 
@@ -324,21 +301,13 @@ def test_reads_sharing_a_gpu_take_turns(tmp_path, monkeypatch):
 
     monkeypatch.setattr(device.io, "session", timed_session)
     refs = [_write(tmp_path / f"s{i}.zarr", [ZSTD], seed=i).air.values for i in range(2)]
-    errors = []
 
     def work(i):
-        try:
-            for _ in range(3):
-                got = read_zarr_gds(tmp_path / f"s{i}.zarr", device=device).air.data
-                np.testing.assert_array_equal(host(got), refs[i])
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+        for _ in range(3):
+            got = read_zarr_gds(tmp_path / f"s{i}.zarr", device=device).air.data
+            np.testing.assert_array_equal(host(got), refs[i])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(work, 2)
     assert not errors, errors[:2]
     spans.sort()
     assert len(spans) == 6
