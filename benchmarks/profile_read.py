@@ -98,6 +98,7 @@ def main() -> None:
                 pool_bytes = mempool.total_bytes()
                 del out
             dt = min(times[:2])
+            stats = {k: round(v * 1e3, 1) for k, v in reader.last_read_stats.items()}  # synchronized run
             if args.cprofile:
                 import cProfile
                 import pstats
@@ -110,7 +111,6 @@ def main() -> None:
                 prof.disable()
                 del out
                 pstats.Stats(prof).sort_stats("tottime").print_stats(14)
-            stats = {k: round(v * 1e3, 1) for k, v in reader.last_read_stats.items()}
             print(
                 f"{label} threads {threads} batch {batch >> 20} MiB: {data.nbytes / dt / 1e9:6.2f} GB/s "
                 f"({dt * 1e3:.0f} ms; cupy pool {pool_bytes / 2**30:.2f} GiB) "

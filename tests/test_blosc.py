@@ -123,6 +123,46 @@ def test_corrupt_blosc_chunk(tmp_path, device, damage, match):
     assert info.value.chunk == "c/1/0"
 
 
+def test_corrupt_blosc_stream_names_the_chunk(tmp_path, device):
+    """A stream whose size prefix is right but whose LZ4 body is garbage: the decoder's
+    per-stream status (GPU) or error (CPU) is reported against the chunk."""
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=(64, 64), chunks=(32, 64), dtype="f4",
+        compressors=zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle"),
+    )  # fmt: skip
+    arr[:] = _field("f4", (64, 64))
+    chunk = tmp_path / "a.zarr" / "c" / "1" / "0"
+    data = bytearray(chunk.read_bytes())
+    _, lay = _layout_of(bytes(data), 32 * 64 * 4, "lz4")
+    s = int(np.flatnonzero(~lay.raw)[0])
+    start, n = int(lay.src[s]), int(lay.clen[s])
+    data[start : start + n] = b"\xff" * n
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(ChunkError, match="Blosc lz4 stream") as info:
+        read_arrays([(array_spec(arr), (slice(None),))], resolve_device(device))
+    assert info.value.chunk == "c/1/0"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cname, shuffle", [("lz4", "shuffle"), ("lz4", "bitshuffle")])
+def test_nvcomp_c_and_python_apis_agree(tmp_path, monkeypatch, cname, shuffle):
+    """Blosc streams decoded through nvCOMP's C API (the default) and its Python API
+    (``CUPY_XARRAY_NVCOMP_C=0``) give zarr's values exactly."""
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=(24, 96, 80), chunks=(4, 48, 80), dtype="f4",
+        compressors=zarr.codecs.BloscCodec(cname=cname, shuffle=shuffle, blocksize=4096),
+    )  # fmt: skip
+    arr[:] = _field("f4", (24, 96, 80))
+    dev = resolve_device("gpu")
+    assert dev.codecs.batched(cname) is not None, "nvCOMP's C API is not usable here"
+    (c_api,) = read_arrays([(array_spec(arr), (slice(None),))], dev)
+    monkeypatch.setenv("CUPY_XARRAY_NVCOMP_C", "0")
+    assert dev.codecs.batched(cname) is None
+    (py_api,) = read_arrays([(array_spec(arr), (slice(None),))], dev)
+    np.testing.assert_array_equal(host(c_api), arr[...])
+    np.testing.assert_array_equal(host(py_api), arr[...])
+
+
 def test_compressor_that_lies(tmp_path):
     """A chunk compressed with blosclz in an array whose metadata says lz4 is refused."""
     arr = zarr.create_array(

@@ -267,8 +267,14 @@ def decode_chunks(
         idx = comp[algos == algo]
         if algo == "zstd":
             _check_zstd(xp, buffer, lay, idx)
+            if lap:
+                lap("blosc zstd check")
+        batched = device.codecs.batched(algo) if device.name == "gpu" else None
+        if batched is not None:
+            owners.append(_decode_gpu_c(device, batched, buffer, lay, idx, ptr, lap))
+            continue
         if device.name == "gpu" and _carve_supported(device):
-            owners.append(_decode_gpu(device, algo, buffer, lay, idx, ptr))
+            owners.append(_decode_gpu(device, algo, buffer, lay, idx, ptr, lap))
             continue
         source, src = _pack(xp, buffer, lay.src[idx], lay.clen[idx], device)
         srcs = [source[int(p) : int(p) + int(c)] for p, c in zip(src, lay.clen[idx])]
@@ -311,7 +317,39 @@ def _carve_supported(device: Any) -> bool:
     return nv is not None and hasattr(nv, "as_arrays")
 
 
-def _decode_gpu(device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarray, ptr: np.ndarray) -> Any:
+def _decode_gpu_c(
+    device: Any, batched: Any, buffer: Any, lay: Layout, idx: np.ndarray, ptr: np.ndarray, lap: Any = None
+) -> Any:
+    """Decode all streams of one codec with nvCOMP's C API (:mod:`.nvcomp_api`): pointer
+    arrays into the staging buffer and 16-byte aligned slots of one output buffer, one call
+    on our stream, a status per stream."""
+    xp, algo = device.xp, batched.algo
+    clen, dlen = lay.clen[idx], lay.dlen[idx]
+    source, src = _pack(xp, buffer, lay.src[idx], clen, device, batched.input_alignment)
+    dst, total = aligned_slots(dlen)
+    target = xp.empty((total,), dtype=xp.uint8)
+    if lap:
+        lap("blosc pack")
+    out_ptrs = np.uint64(target.data.ptr) + dst.astype(np.uint64)
+    src_ptrs = np.uint64(source.data.ptr) + src.astype(np.uint64)
+    try:
+        sizes, status = batched.decode(src_ptrs, clen.astype(np.uint64), out_ptrs, dlen.astype(np.uint64))
+    except RuntimeError:  # no status names a stream: the Python API's search finds the chunk
+        return _decode_gpu(device, algo, buffer, lay, idx, ptr)
+    bad = np.flatnonzero((status != 0) | (sizes != dlen))
+    if len(bad):
+        k = int(bad[0])
+        what = (
+            f"nvCOMP status {status[k]}" if status[k] else f"decoded to {sizes[k]} bytes, expected {dlen[k]}"
+        )
+        raise BloscLayoutError(int(lay.chunk[idx[k]]), f"Blosc {algo} stream: {what} (corrupt chunk)")
+    ptr[idx] = out_ptrs
+    return (source, target)
+
+
+def _decode_gpu(
+    device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarray, ptr: np.ndarray, lap: Any = None
+) -> Any:
     """Decode all streams of one codec into 16-byte aligned slots of one buffer (no per-stream
     Python objects): nvCOMP batches carved from the staging and output buffers."""
     xp, nv = device.xp, device.codecs._nvcomp
@@ -319,6 +357,8 @@ def _decode_gpu(device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarra
     source, src = _pack(xp, buffer, lay.src[idx], clen, device)
     dst, total = aligned_slots(dlen)
     target = xp.empty((total,), dtype=xp.uint8)
+    if lap:
+        lap("blosc pack")
     # nvCOMP runs on its own stream: what our stream wrote (and freed) must be done first
     xp.cuda.get_current_stream().synchronize()
     try:
@@ -340,9 +380,12 @@ def _decode_gpu(device: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarra
     return (source, target, result)
 
 
-def _pack(xp: Any, buffer: Any, src: np.ndarray, clen: np.ndarray, device: Any) -> tuple[Any, np.ndarray]:
-    """The streams' buffer and positions, copied to 16-byte aligned slots where nvCOMP needs it."""
-    if device.name != "gpu" or not len(src) or not (src % 16).any():
+def _pack(
+    xp: Any, buffer: Any, src: np.ndarray, clen: np.ndarray, device: Any, align: int = 16
+) -> tuple[Any, np.ndarray]:
+    """The streams' buffer and positions, copied to 16-byte aligned slots where a stream does
+    not start at the ``align`` bytes nvCOMP needs."""
+    if device.name != "gpu" or not len(src) or not (src % align).any():
         return buffer, src
     slots, total = aligned_slots(clen)
     packed = xp.empty((total,), dtype=xp.uint8)

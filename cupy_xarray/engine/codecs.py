@@ -17,6 +17,7 @@ lz4       4-byte LE size + LZ4 block          ``LZ4`` (block)
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import threading
 import zlib
@@ -281,6 +282,15 @@ class GPUCodecs:
     @property
     def available(self) -> bool:
         return self._nvcomp is not None
+
+    def batched(self, algo: str):
+        """nvCOMP's C API decoder for ``algo`` (:mod:`.nvcomp_api`), or None where only the
+        Python API can be used (``CUPY_XARRAY_NVCOMP_C=0`` forces that)."""
+        if self._nvcomp is None or os.environ.get("CUPY_XARRAY_NVCOMP_C", "1") == "0":
+            return None
+        from .nvcomp_api import batched_decoder
+
+        return batched_decoder(algo)
 
     def _codec(self, algo: str):
         """This thread's codec for ``algo``. nvCOMP runs it on a stream of its own: handing
