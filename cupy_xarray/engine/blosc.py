@@ -491,6 +491,62 @@ __device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int nebloc
     }
 }
 
+/* byte unshuffle for a typesize known at compile time: one thread reads 4 bytes of each byte
+   plane and writes the TS bytes of 4 elements with word stores (single-byte stores at a
+   stride of TS made the byte path write-bound). Plane b is split stream b, or the b-th run of
+   n bytes of the block's one stream. Elements past the last multiple of 4: the caller. */
+template <int TS>
+__device__ void byte_unshuffle(const unsigned char* const* sp, bool planes, int n, unsigned char* o,
+        int start, int stride) {
+    const unsigned char* p[TS];
+    bool aligned_in = true;
+#pragma unroll
+    for (int b = 0; b < TS; b++) {
+        p[b] = planes ? sp[b] : sp[0] + b * n;
+        aligned_in = aligned_in && ((unsigned long long)p[b] % 4 == 0);
+    }
+    unsigned long long addr = (unsigned long long)o;
+    int store = (TS >= 4 && addr % 16 == 0) ? 16 : (addr % 4 == 0 ? 4 : 1);
+    int units = n / 4;
+    for (int u = start; u < units; u += stride) {
+        int e = u * 4;
+        unsigned int x[TS];
+#pragma unroll
+        for (int b = 0; b < TS; b++) {
+            const unsigned char* q = p[b] + e;
+            x[b] = aligned_in ? *(const unsigned int*)q
+                              : (unsigned int)q[0] | (unsigned int)q[1] << 8 | (unsigned int)q[2] << 16
+                                    | (unsigned int)q[3] << 24;
+        }
+        unsigned int w[TS];
+#pragma unroll
+        for (int i = 0; i < TS; i++) {
+            unsigned int v = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int pos = 4 * i + j;  /* output byte pos of the 4 elements: element pos / TS, byte pos % TS */
+                v |= ((x[pos % TS] >> (8 * (pos / TS))) & 0xFF) << (8 * j);
+            }
+            w[i] = v;
+        }
+        unsigned char* d = o + e * TS;
+        if (store == 16) {
+#pragma unroll
+            for (int i = 0; i < TS / 4; i++) {
+                uint4 v;
+                v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
+                ((uint4*)d)[i] = v;
+            }
+        } else if (store == 4) {
+#pragma unroll
+            for (int i = 0; i < TS; i++) ((unsigned int*)d)[i] = w[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
+        }
+    }
+}
+
 /* 32-bit indices (a Blosc block is < 2 GiB): 64-bit division is emulated and was the cost */
 extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
         const int* bsize, const int* bts, const int* bmode, const int* bns, const long long* bs0,
@@ -529,10 +585,19 @@ extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
         }
         done = n8 * ts;
     } else if (mode == 1 && ts > 1) {
-        /* one thread per element: byte b comes from plane b (split stream b, or the b-th run
-           of n bytes of the one stream) */
+        /* byte b of an element comes from plane b (split stream b, or the b-th run of n bytes
+           of the one stream) */
         bool planes = ns == ts && neblock == n;
-        for (int e = start; e < n; e += stride) {
+        int first = 0;  /* elements [0, first) written by a word-wide path */
+        if (planes || ns == 1) {
+            switch (ts) {
+            case 2: byte_unshuffle<2>(sp, planes, n, o, start, stride); first = n - n % 4; break;
+            case 4: byte_unshuffle<4>(sp, planes, n, o, start, stride); first = n - n % 4; break;
+            case 8: byte_unshuffle<8>(sp, planes, n, o, start, stride); first = n - n % 4; break;
+            default: break;
+            }
+        }
+        for (int e = first + start; e < n; e += stride) {
             unsigned char* d = o + e * ts;
             for (int b = 0; b < ts; b++) d[b] = planes ? sp[b][e] : shuffled_at(sp, ns, neblock, b * n + e);
         }
