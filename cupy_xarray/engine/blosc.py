@@ -491,6 +491,62 @@ __device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int nebloc
     }
 }
 
+/* bit_unshuffle for a block held in one stream whose rows are 4-byte aligned: one thread
+   reads 4 consecutive bytes of each of the 8 * TS bit planes with word loads and builds 4
+   rows (32 elements) */
+template <int TS>
+__device__ void bit_unshuffle4(const unsigned char* s, unsigned char* o, int row, int start, int stride) {
+    unsigned long long addr = (unsigned long long)o;
+    int store = (TS % 2 == 0 && addr % 16 == 0) ? 16 : (addr % 8 == 0 ? 8 : 1);
+    int units = row / 4;
+    for (int u = start; u < units; u += stride) {
+        int r0 = 4 * u;
+        unsigned int in[TS][8];
+#pragma unroll
+        for (int b = 0; b < TS; b++) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) in[b][k] = *(const unsigned int*)(s + (b * 8 + k) * row + r0);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            unsigned int w[2 * TS];
+#pragma unroll
+            for (int i = 0; i < 2 * TS; i++) w[i] = 0;
+#pragma unroll
+            for (int b = 0; b < TS; b++) {
+                unsigned long long x = 0;
+#pragma unroll
+                for (int k = 0; k < 8; k++) x |= (unsigned long long)((in[b][k] >> (8 * j)) & 0xFF) << (8 * k);
+                x = transpose8(x);
+#pragma unroll
+                for (int m = 0; m < 8; m++) {
+                    int i = m * TS + b;
+                    w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
+                }
+            }
+            unsigned char* d = o + (r0 + j) * 8 * TS;
+            if (store == 16) {
+#pragma unroll
+                for (int i = 0; i < TS / 2; i++) {
+                    uint4 v;
+                    v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
+                    ((uint4*)d)[i] = v;
+                }
+            } else if (store == 8) {
+#pragma unroll
+                for (int i = 0; i < TS; i++) {
+                    uint2 v;
+                    v.x = w[2 * i]; v.y = w[2 * i + 1];
+                    ((uint2*)d)[i] = v;
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
+            }
+        }
+    }
+}
+
 /* byte unshuffle for a typesize known at compile time: one thread reads 4 bytes of each byte
    plane and writes the TS bytes of 4 elements with word stores (single-byte stores at a
    stride of TS made the byte path write-bound). Plane b is split stream b, or the b-th run of
@@ -563,11 +619,16 @@ extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
     int done = 0;  /* bytes [0, done) are written by a shuffle path, the rest copied as stored */
     if ((mode == 2 || (mode == 3 && n % 8 == 0)) && n8 > 0) {
         int row = n8 / 8;
+        bool words = ns == 1 && row % 4 == 0 && (unsigned long long)sp[0] % 4 == 0;
+#define BIT_CASE(T) case T: \
+            if (words) bit_unshuffle4<T>(sp[0], o, row, start, stride); \
+            else bit_unshuffle<T>(sp, ns, neblock, o, row, start, stride); \
+            break;
         switch (ts) {
-        case 1: bit_unshuffle<1>(sp, ns, neblock, o, row, start, stride); break;
-        case 2: bit_unshuffle<2>(sp, ns, neblock, o, row, start, stride); break;
-        case 4: bit_unshuffle<4>(sp, ns, neblock, o, row, start, stride); break;
-        case 8: bit_unshuffle<8>(sp, ns, neblock, o, row, start, stride); break;
+        BIT_CASE(1)
+        BIT_CASE(2)
+        BIT_CASE(4)
+        BIT_CASE(8)
         default: {
             /* one unit = byte b of elements 8r..8r+7: eight bit-plane bytes in, eight bytes out */
             int units = row * ts;
