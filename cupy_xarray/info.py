@@ -35,6 +35,9 @@ def info_lines() -> list[str]:
         ("nvCOMP", "nvidia.nvcomp"),
     ]:
         lines.append(f"{name:<13} {_version(module)}")
+    from .engine.nvcomp_api import describe as nvcomp_c_api
+
+    lines.append(f"nvCOMP C API  {nvcomp_c_api()}")
     lines.append(f"io threads    {default_threads()} (CUPY_XARRAY_THREADS or threads=)")
     if not gpu_available():
         lines.append("GPU           none available: reads use device='cpu' (NumPy, os.pread)")

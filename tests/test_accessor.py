@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -54,7 +55,7 @@ def test_as_cupy_without_gpu_is_clear():
 
 def test_import_without_cupy_and_info():
     code = (
-        "import sys; sys.modules['cupy'] = None; sys.modules['kvikio'] = None;"
+        "import sys; sys.modules['cupy'] = None; sys.modules['kvikio'] = None; sys.modules['nvidia'] = None;"
         "import cupy_xarray, xarray as xr, numpy as np;"
         "from cupy_xarray.info import info_lines; print('\\n'.join(info_lines()));"
         "ds = cupy_xarray.read_zarr_gds(str(cupy_xarray.sample.sample_path()), device='cpu');"
@@ -68,6 +69,7 @@ def test_import_without_cupy_and_info():
     ).stdout
     assert "cupy          not available" in out
     assert "GPU           none available" in out
+    assert "nvCOMP C API  not used (" in out  # says why, and reading still works
     assert "air ndarray" in out
 
 
@@ -76,6 +78,14 @@ def test_cli_info_and_demo():
         [sys.executable, "-m", "cupy_xarray", "info"], capture_output=True, text=True, check=True
     ).stdout
     assert out.startswith("cupy_xarray") and "xarray" in out and "zarr" in out
+    off = subprocess.run(
+        [sys.executable, "-m", "cupy_xarray", "info"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "CUPY_XARRAY_NVCOMP_C": "0"},
+    ).stdout
+    assert "nvCOMP C API  off (CUPY_XARRAY_NVCOMP_C=0)" in off
     demo = subprocess.run(
         [sys.executable, "-m", "cupy_xarray", "demo"], capture_output=True, text=True, check=True
     ).stdout

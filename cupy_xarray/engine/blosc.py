@@ -516,7 +516,8 @@ __device__ void bit_unshuffle4(const unsigned char* s, unsigned char* o, int row
             for (int b = 0; b < TS; b++) {
                 unsigned long long x = 0;
 #pragma unroll
-                for (int k = 0; k < 8; k++) x |= (unsigned long long)((in[b][k] >> (8 * j)) & 0xFF) << (8 * k);
+                for (int k = 0; k < 8; k++)
+                    x |= (unsigned long long)((in[b][k] >> (8 * j)) & 0xFF) << (8 * k);
                 x = transpose8(x);
 #pragma unroll
                 for (int m = 0; m < 8; m++) {

@@ -86,6 +86,19 @@ def _function(lib: Any, name: str, argtypes: list) -> Any:
     return fn
 
 
+def describe() -> str:
+    """One line for ``python -m cupy_xarray info``: is the C API used, and if not, why."""
+    if os.environ.get("CUPY_XARRAY_NVCOMP_C", "1") == "0":
+        return "off (CUPY_XARRAY_NVCOMP_C=0): Blosc LZ4 streams go through nvCOMP's Python API"
+    lib = library()
+    if lib is None:
+        return f"not used ({_lib_error})"
+    props = _Properties()
+    lib.nvcompGetProperties(ctypes.byref(props))
+    v = props.version
+    return f"libnvcomp {v // 1000}.{v // 100 % 10}.{v % 100}: Blosc LZ4 streams decoded through it"
+
+
 class BatchedDecoder:
     """Batched decompression of one algorithm through nvCOMP's C API."""
 
