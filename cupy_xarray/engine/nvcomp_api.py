@@ -96,7 +96,7 @@ def describe() -> str:
     props = _Properties()
     lib.nvcompGetProperties(ctypes.byref(props))
     v = props.version
-    return f"libnvcomp {v // 1000}.{v // 100 % 10}.{v % 100}: Blosc LZ4 streams decoded through it"
+    return f"libnvcomp {v // 1000}.{v // 100 % 10}.{v % 100}: GPU reads decode Blosc LZ4 streams through it"
 
 
 class BatchedDecoder:
