@@ -100,6 +100,16 @@ def test_sharded_blosc(tmp_path, device):
     np.testing.assert_array_equal(host(got), arr[...])
 
 
+def _lz4_array(tmp_path):
+    """A (64, 64) float32 array in two Blosc LZ4 chunks, and the file of its chunk c/1/0."""
+    arr = zarr.create_array(
+        tmp_path / "a.zarr", shape=(64, 64), chunks=(32, 64), dtype="f4",
+        compressors=zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle"),
+    )  # fmt: skip
+    arr[:] = _field("f4", (64, 64))
+    return arr, tmp_path / "a.zarr" / "c" / "1" / "0"
+
+
 @pytest.mark.parametrize(
     "damage, match",
     [
@@ -111,12 +121,7 @@ def test_sharded_blosc(tmp_path, device):
     ids=["truncated", "zeroed-body", "bad-version", "wrong-size"],
 )
 def test_corrupt_blosc_chunk(tmp_path, device, damage, match):
-    arr = zarr.create_array(
-        tmp_path / "a.zarr", shape=(64, 64), chunks=(32, 64), dtype="f4",
-        compressors=zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle"),
-    )  # fmt: skip
-    arr[:] = _field("f4", (64, 64))
-    chunk = tmp_path / "a.zarr" / "c" / "1" / "0"
+    arr, chunk = _lz4_array(tmp_path)
     chunk.write_bytes(damage(chunk.read_bytes()))
     with pytest.raises(ChunkError, match=match) as info:
         read_arrays([(array_spec(arr), (slice(None),))], resolve_device(device))
@@ -126,12 +131,7 @@ def test_corrupt_blosc_chunk(tmp_path, device, damage, match):
 def test_corrupt_blosc_stream_names_the_chunk(tmp_path, device):
     """A stream whose size prefix is right but whose LZ4 body is garbage: the decoder's
     per-stream status (GPU) or error (CPU) is reported against the chunk."""
-    arr = zarr.create_array(
-        tmp_path / "a.zarr", shape=(64, 64), chunks=(32, 64), dtype="f4",
-        compressors=zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle"),
-    )  # fmt: skip
-    arr[:] = _field("f4", (64, 64))
-    chunk = tmp_path / "a.zarr" / "c" / "1" / "0"
+    arr, chunk = _lz4_array(tmp_path)
     data = bytearray(chunk.read_bytes())
     _, lay = _layout_of(bytes(data), 32 * 64 * 4, "lz4")
     s = int(np.flatnonzero(~lay.raw)[0])

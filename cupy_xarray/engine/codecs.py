@@ -17,7 +17,6 @@ lz4       4-byte LE size + LZ4 block          ``LZ4`` (block)
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import threading
 import zlib
@@ -286,7 +285,7 @@ class GPUCodecs:
     def batched(self, algo: str):
         """nvCOMP's C API decoder for ``algo`` (:mod:`.nvcomp_api`), or None where only the
         Python API can be used (``CUPY_XARRAY_NVCOMP_C=0`` forces that)."""
-        if self._nvcomp is None or os.environ.get("CUPY_XARRAY_NVCOMP_C", "1") == "0":
+        if self._nvcomp is None:
             return None
         from .nvcomp_api import batched_decoder
 

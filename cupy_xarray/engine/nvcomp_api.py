@@ -45,7 +45,13 @@ class _Properties(ctypes.Structure):
 
 _lib_lock = threading.Lock()
 _lib: Any = None
+_lib_version = 0  # nvCOMP's semantic version, major * 1000 + minor * 100 + patch
 _lib_error: str | None = None
+
+
+def enabled() -> bool:
+    """False when ``CUPY_XARRAY_NVCOMP_C=0`` asks for nvCOMP's Python API only."""
+    return os.environ.get("CUPY_XARRAY_NVCOMP_C", "1") != "0"
 
 
 def _find_library() -> ctypes.CDLL:
@@ -64,7 +70,7 @@ def _find_library() -> ctypes.CDLL:
 
 def library() -> Any:
     """The loaded ``libnvcomp`` (version 5 or later), or None with :data:`_lib_error` set."""
-    global _lib, _lib_error
+    global _lib, _lib_version, _lib_error
     with _lib_lock:
         if _lib is None and _lib_error is None:
             try:
@@ -74,7 +80,7 @@ def library() -> Any:
                     raise OSError("nvcompGetProperties failed")
                 if props.version // 1000 < 5:
                     raise OSError(f"nvCOMP {props.version} predates the batched API used here")
-                _lib = lib
+                _lib, _lib_version = lib, int(props.version)
             except (OSError, ImportError, AttributeError) as exc:
                 _lib_error = str(exc)
         return _lib
@@ -88,14 +94,11 @@ def _function(lib: Any, name: str, argtypes: list) -> Any:
 
 def describe() -> str:
     """One line for ``python -m cupy_xarray info``: is the C API used, and if not, why."""
-    if os.environ.get("CUPY_XARRAY_NVCOMP_C", "1") == "0":
+    if not enabled():
         return "off (CUPY_XARRAY_NVCOMP_C=0): Blosc LZ4 streams go through nvCOMP's Python API"
-    lib = library()
-    if lib is None:
+    if library() is None:
         return f"not used ({_lib_error})"
-    props = _Properties()
-    lib.nvcompGetProperties(ctypes.byref(props))
-    v = props.version
+    v = _lib_version
     return f"libnvcomp {v // 1000}.{v // 100 % 10}.{v % 100}: GPU reads decode Blosc LZ4 streams through it"
 
 
@@ -169,8 +172,9 @@ _decoders: dict[str, BatchedDecoder | None] = {}
 
 
 def batched_decoder(algo: str) -> BatchedDecoder | None:
-    """The C API decoder for ``algo``, or None where nvCOMP's C library is not usable."""
-    if algo not in ALGORITHMS:
+    """The C API decoder for ``algo``, or None where nvCOMP's C library is not usable or
+    not wanted (:func:`enabled`)."""
+    if algo not in ALGORITHMS or not enabled():
         return None
     lib = library()
     if lib is None:
