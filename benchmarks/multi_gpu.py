@@ -70,6 +70,31 @@ def _summarize(traces: dict, wall: float) -> str:
     return "\n".join(lines)
 
 
+def _task_timeline(records: list, wall: float) -> str:
+    """Per worker: tasks by kind, busy time per thread, and when its first and last tasks ran."""
+    from dask.utils import key_split
+
+    t0 = min(ss["start"] for r in records for ss in r["startstops"])
+    lines = []
+    for worker in sorted({r["worker"] for r in records}):
+        mine = [r for r in records if r["worker"] == worker]
+        kinds: dict[str, int] = {}
+        busy: dict[int, float] = {}
+        spans = []
+        for r in mine:
+            kinds[key_split(r["key"])] = kinds.get(key_split(r["key"]), 0) + 1
+            for ss in r["startstops"]:
+                if ss["action"] == "compute":
+                    busy[r.get("thread", 0)] = busy.get(r.get("thread", 0), 0.0) + ss["stop"] - ss["start"]
+                    spans.append((ss["start"] - t0, ss["stop"] - t0))
+        first, last = min(s for s, _ in spans), max(e for _, e in spans)
+        lines.append(
+            f"  {worker}: {kinds}; compute busy per thread s {[round(b, 2) for b in busy.values()]}; "
+            f"first start {first:.3f}, last stop {last:.3f} (wall {wall:.3f})"
+        )
+    return "\n".join(lines)
+
+
 def run(
     store: Path,
     devices: str,
@@ -78,7 +103,7 @@ def run(
     tpw: int,
     io_threads: int,
     trace: bool = False,
-    saturation: float = 1.1,
+    saturation: float = float("inf"),
 ) -> dict:
     import xarray as xr
     from dask_cuda import LocalCUDACluster
@@ -90,8 +115,9 @@ def run(
     try:
         import dask
 
-        # root-task queuing hands tasks out as workers free up; with a dozen 1 GiB tasks a
-        # worker that starts a little slower ends up with 5 of 12 (seen with --trace)
+        # dask's default (1.1) queues root tasks and hands them out as threads free up; with
+        # two dozen 1 GiB tasks one worker often got 13 and the other 11 (seen with --trace).
+        # inf assigns every read up front, evenly (see docs/performance.md)
         with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
             cluster = LocalCUDACluster(
                 CUDA_VISIBLE_DEVICES=devices, dashboard_address=None, threads_per_worker=tpw
@@ -122,11 +148,15 @@ def run(
         # the same computation over one dask chunk: what a computation costs besides its reads
         one_task = min(once(tchunk) for _ in range(3))
         if trace:  # one more run, with every read timed on the workers
+            from distributed import get_task_stream
+
             client.run(_trace_reads)
             client.run(_trace_reads)
-            wall = once()
+            with get_task_stream(client) as ts:
+                wall = once()
             print(
-                f"trace, GPUs {devices}, {wall:.2f} s:\n{_summarize(client.run(_traced_reads), wall)}",
+                f"trace, GPUs {devices}, {wall:.2f} s:\n{_summarize(client.run(_traced_reads), wall)}\n"
+                f"{_task_timeline(ts.data, wall)}",
                 flush=True,
             )
         nbytes = xr.open_dataset(store, engine="kvikio", chunks={}).field.nbytes
@@ -141,7 +171,7 @@ def run(
         "seconds": best,
         "gbps": nbytes / best / 1e9,
         "bytes": nbytes,
-        "worker_saturation": saturation,
+        "worker_saturation": saturation if saturation != float("inf") else "inf",
         "one_task_seconds": one_task,
         "times": times,
     }
@@ -168,8 +198,9 @@ def main() -> None:
     ap.add_argument(
         "--saturation",
         type=float,
-        default=1.1,
-        help="dask's distributed.scheduler.worker-saturation (inf: every task assigned up front)",
+        default=float("inf"),
+        help="dask's distributed.scheduler.worker-saturation (inf, the default here: every read assigned "
+        "up front, evenly; 1.1: dask's own default, root tasks queued)",
     )
     args = ap.parse_args()
 
@@ -191,7 +222,9 @@ def main() -> None:
 
         one = run(store, "0", tchunk, args.repeat, tpw, io(1), args.trace, args.saturation)
         rows = [one] + (
-            [run(store, all_gpus, tchunk, args.repeat, tpw, io(ngpu), args.trace)] if ngpu > 1 else []
+            [run(store, all_gpus, tchunk, args.repeat, tpw, io(ngpu), args.trace, args.saturation)]
+            if ngpu > 1
+            else []
         )
         for r in rows:
             r.update(
@@ -203,15 +236,15 @@ def main() -> None:
         results.extend(rows)
     print(f"\nstore: {store} ({results[0]['bytes'] / 2**30:.1f} GiB decoded, zstd); mean('t') + std()")
     print(
-        "| dask chunk (t) | dask threads per GPU | I/O threads per GPU | GPUs | best s | GB/s | speed-up "
-        "| median GB/s | median speed-up | one-task s |"
+        "| dask chunk (t) | dask threads per GPU | worker-saturation | I/O threads per GPU | GPUs | best s "
+        "| GB/s | speed-up | median GB/s | median speed-up | one-task s |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(
-            f"| {r['tchunk']} | {r['tasks_per_gpu']} | {r['io_threads']} | {r['devices']} "
-            f"| {r['seconds']:.2f} | {r['gbps']:.2f} | {r['speedup']:.2f}x | {r['median_gbps']:.2f} "
-            f"| {r['median_speedup']:.2f}x | {r['one_task_seconds']:.3f} |"
+            f"| {r['tchunk']} | {r['tasks_per_gpu']} | {r['worker_saturation']} | {r['io_threads']} "
+            f"| {r['devices']} | {r['seconds']:.2f} | {r['gbps']:.2f} | {r['speedup']:.2f}x "
+            f"| {r['median_gbps']:.2f} | {r['median_speedup']:.2f}x | {r['one_task_seconds']:.3f} |"
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -382,6 +382,34 @@ def test_permission_denied(tmp_path):
         read_arrays([(array_spec(a), (slice(None),))], resolve_device("cpu"))
 
 
+def _zstd_store(tmp_path):
+    z = zarr.codecs.ZstdCodec()
+    a = zarr.create_array(tmp_path / "z.zarr", shape=(6, 4096), chunks=(2, 4096), dtype="f4", compressors=z)
+    x = np.linspace(0, 1, a.size, dtype="f4").reshape(a.shape)
+    a[:] = np.sin(x * 40) + x
+    return a, os.path.join(str(tmp_path / "z.zarr"), a.metadata.encode_chunk_key((1, 0)))
+
+
+def test_corrupt_zstd_block_body_names_the_chunk(tmp_path):
+    """Frame and block headers intact, the compressed block's body garbage: the host checks
+    pass it on and the decoder reports it against the chunk. CPU only: nvCOMP's Zstd decoder
+    faults on such a block (an unspecified launch failure that leaves the CUDA context
+    unusable; seen on the H200 with nvCOMP 6.0, see docs/troubleshooting.md)."""
+    a, path = _zstd_store(tmp_path)
+    raw = bytearray(open(path, "rb").read())
+    fhd = raw[4]
+    single, fcs, did = (fhd >> 5) & 1, fhd >> 6, fhd & 3
+    start = 5 + (0 if single else 1) + [0, 1, 2, 4][did] + [int(single), 2, 4, 8][fcs]
+    block = int.from_bytes(raw[start : start + 3], "little")
+    assert (block >> 1) & 3 == 2, "expected a compressed block"
+    end = start + 3 + (block >> 3)
+    raw[start + 11 : end] = b"\xff" * (end - start - 11)
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(ChunkError) as info:
+        read_arrays([(array_spec(a), (slice(None),))], resolve_device("cpu"))
+    assert info.value.chunk == "c/1/0" and info.value.path == path
+
+
 def test_zstd_frame_length_walks_blocks():
     from cupy_xarray.engine.codecs import zstd_frame_length
 
