@@ -396,10 +396,10 @@ def test_corrupt_zstd_block_body_names_the_chunk(tmp_path):
     faults on such a block (an unspecified launch failure that leaves the CUDA context
     unusable; seen on the H200 with nvCOMP 6.0, see docs/troubleshooting.md)."""
     a, path = _zstd_store(tmp_path)
+    from cupy_xarray.engine.codecs import zstd_header_length
+
     raw = bytearray(open(path, "rb").read())
-    fhd = raw[4]
-    single, fcs, did = (fhd >> 5) & 1, fhd >> 6, fhd & 3
-    start = 5 + (0 if single else 1) + [0, 1, 2, 4][did] + [int(single), 2, 4, 8][fcs]
+    start = zstd_header_length(raw[4])
     block = int.from_bytes(raw[start : start + 3], "little")
     assert (block >> 1) & 3 == 2, "expected a compressed block"
     end = start + 3 + (block >> 3)

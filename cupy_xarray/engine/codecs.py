@@ -60,11 +60,10 @@ def deframe(name: str, data: Any) -> Any:
 def _zstd_content_size(head: bytes) -> int | None:
     """The frame content size a zstd frame header declares, or None if it has none."""
     fhd = head[4]
-    fcs_flag, single = fhd >> 6, (fhd >> 5) & 1
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
-    size = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    size = (1 if (fhd >> 5) & 1 else 0, 2, 4, 8)[fhd >> 6]
     if size == 0:
         return None
+    pos = zstd_header_length(fhd) - size  # the content size is the header's last field
     value = int.from_bytes(head[pos : pos + size], "little")
     return value + 256 if size == 2 else value
 
@@ -99,6 +98,13 @@ def check_frame(name: str, head: bytes, tail: bytes, expected: int) -> str | Non
     return None
 
 
+def zstd_header_length(fhd: int) -> int:
+    """Bytes of a zstd frame header (magic number included) whose descriptor byte is ``fhd``:
+    the first block header follows."""
+    single = (fhd >> 5) & 1
+    return 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + (1 if single else 0, 2, 4, 8)[fhd >> 6]
+
+
 def zstd_frame_length(data: bytes | np.ndarray) -> int:
     """Length in bytes of the zstd frame at the start of ``data`` (walking its block headers).
 
@@ -111,8 +117,7 @@ def zstd_frame_length(data: bytes | np.ndarray) -> int:
     if n < 6 or buf[:4] != b"\x28\xb5\x2f\xfd":
         return -1
     fhd = buf[4]
-    single = (fhd >> 5) & 1
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + (1 if single else 0, 2, 4, 8)[fhd >> 6]
+    pos = zstd_header_length(fhd)
     while True:
         if pos + 3 > n:
             return -1
