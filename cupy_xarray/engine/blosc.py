@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .codecs import DecodeFailure, aligned_slots, decoded_sizes, zstd_frame_lengths
+from .nvcomp_api import DecodeTimeout, status_text
 
 #: Blosc compressor format codes (header flags >> 5) the engine decodes
 FORMATS = {1: "lz4", 4: "zstd"}
@@ -301,7 +302,8 @@ def decode_chunks(
 def _decode_streams(device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray) -> list[Any]:
     """Decode with ``Device.codecs`` (one batched call); check every decoded length."""
     try:
-        result = device.codecs.decode(algo, srcs, [int(lay.dlen[s]) for s in idx])
+        stream = "lz4-block" if algo == "lz4" else algo  # Blosc's LZ4 streams carry no size prefix
+        result = device.codecs.decode(stream, srcs, [int(lay.dlen[s]) for s in idx])
     except DecodeFailure as exc:
         raise BloscLayoutError(int(lay.chunk[idx[exc.index]]), f"Blosc {algo} stream: {exc}") from exc
     for s, d in zip(idx, result):
@@ -334,14 +336,14 @@ def _decode_gpu_c(
     src_ptrs = np.uint64(source.data.ptr) + src.astype(np.uint64)
     try:
         sizes, status = batched.decode(src_ptrs, clen.astype(np.uint64), out_ptrs, dlen.astype(np.uint64))
+    except DecodeTimeout as exc:
+        raise BloscLayoutError(int(lay.chunk[idx[0]]), f"{exc} (a batch of chunks from this one)") from exc
     except RuntimeError:  # no status names a stream: the Python API's search finds the chunk
         return _decode_gpu(device, algo, buffer, lay, idx, ptr)
     bad = np.flatnonzero((status != 0) | (sizes != dlen))
     if len(bad):
         k = int(bad[0])
-        what = (
-            f"nvCOMP status {status[k]}" if status[k] else f"decoded to {sizes[k]} bytes, expected {dlen[k]}"
-        )
+        what = status_text(status[k]) if status[k] else f"decoded to {sizes[k]} bytes, expected {dlen[k]}"
         raise BloscLayoutError(int(lay.chunk[idx[k]]), f"Blosc {algo} stream: {what} (corrupt chunk)")
     ptr[idx] = out_ptrs
     return (source, target)

@@ -1,17 +1,21 @@
 """Decode batches of compressed chunks: nvCOMP on the GPU, zlib/numcodecs on the CPU.
 
-Zarr's compressors write standard streams, each with its own framing; nvCOMP decodes the
-bare streams (``bitstream_kind=RAW``). :func:`deframe` strips the framing the same way for
-both implementations, so the CPU path in CI exercises exactly what the GPU path decodes:
+Zarr's compressors write standard streams, each with its own framing. Both implementations
+take the stored streams, framing included, decode each into at most the chunk's size and
+verify the checksum its framing stores: the CPU decoders (zlib, libzstd) check it
+themselves; nvCOMP decodes the bare streams (``bitstream_kind=RAW``, :func:`deframe`) and
+the GPU then verifies what :func:`deframe` left out (:mod:`.checksums`):
 
 ========  ==================================  ==================
 zarr      stored as                           decoded as
 ========  ==================================  ==================
-zstd      zstd frame                          ``Zstd``
-gzip      gzip member                         ``Gzip``
+zstd      zstd frame (XXH64 if flagged)       ``Zstd``
+gzip      gzip member (CRC-32, size)          ``Gzip``
 zlib      2-byte header + deflate + Adler-32  ``Deflate`` (body)
 lz4       4-byte LE size + LZ4 block          ``LZ4`` (block)
 ========  ==================================  ==================
+
+(``lz4-block``: a bare LZ4 block, as Blosc stores its streams.)
 """
 
 from __future__ import annotations
@@ -43,11 +47,12 @@ class FramingError(ValueError):
     """A stream is too short to hold its codec's framing."""
 
 
-_MIN_LEN = {"zstd": 1, "gzip": 18, "zlib": 7, "lz4": 5}
+_MIN_LEN = {"zstd": 1, "gzip": 18, "zlib": 7, "lz4": 5, "lz4-block": 1}
 
 
 def deframe(name: str, data: Any) -> Any:
-    """The bare stream nvCOMP decodes, as a view of ``data`` (numpy or cupy, uint8)."""
+    """The bare stream nvCOMP decodes, as a view of ``data`` (numpy or cupy, uint8); the
+    stored checksums it leaves out are verified after decoding (:mod:`.checksums`)."""
     if len(data) < _MIN_LEN[name]:
         raise FramingError(f"{len(data)} bytes is too short for a {name} stream")
     if name == "zlib":
@@ -190,23 +195,59 @@ class Decoded(list):
     owner: Any = None
 
 
-def _cpu_decode_one(algo: str, src: np.ndarray, expected: int) -> np.ndarray:
-    buf = memoryview(np.ascontiguousarray(src))
-    if algo == "zstd":
-        from numcodecs import Zstd
+def _zstd_declared(src: Any) -> int | None:
+    head = bytes(memoryview(np.ascontiguousarray(src[:18])).cast("B"))
+    if len(head) < 6 or head[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    return _zstd_content_size(head)
 
-        out = Zstd().decode(buf)
-    elif algo == "gzip":
-        out = zlib.decompress(buf, 31)
-    elif algo == "zlib":
-        out = zlib.decompress(buf, -15)
-    elif algo == "lz4":
+
+def _inflate(buf: memoryview, wbits: int, expected: int, what: str) -> bytes:
+    """Inflate a zlib (15) or gzip (31) stream, stopping past ``expected`` bytes; zlib checks
+    the stream's Adler-32 or CRC-32 and length at its end."""
+    d = zlib.decompressobj(wbits)
+    out = d.decompress(buf, expected + 1)
+    if len(out) > expected:
+        raise ValueError(f"{what} stream inflates to more than the {expected} bytes of a chunk")
+    if not d.eof:
+        raise ValueError(f"{what} stream ends before its end marker (truncated)")
+    if d.unused_data:
+        raise ValueError(f"{len(d.unused_data)} bytes follow the end of the {what} stream")
+    return out
+
+
+def _cpu_decode_one(algo: str, src: np.ndarray, expected: int, into: np.ndarray | None = None) -> np.ndarray:
+    """Decode one stored stream (``algo``'s framing included) into ``expected`` bytes at most,
+    verifying the checksum its framing stores."""
+    buf = memoryview(np.ascontiguousarray(src)).cast("B")
+    if algo == "zstd":
+        from numcodecs import zstd
+
+        declared = _zstd_declared(src)
+        if declared is not None and declared != expected:
+            raise ValueError(f"zstd frame declares {declared} bytes, expected {expected}")
+        out = into if into is not None else np.empty(expected, dtype=np.uint8)
+        zstd.decompress(buf, out)  # libzstd checks the content checksum; out bounds the size
+        return out
+    if algo in ("gzip", "zlib"):
+        out = _inflate(buf, 31 if algo == "gzip" else 15, expected, algo)
+    elif algo in ("lz4", "lz4-block"):
         from numcodecs import LZ4
 
-        out = LZ4().decode(struct.pack("<I", expected) + bytes(buf))
+        if algo == "lz4":
+            declared = int.from_bytes(bytes(buf[:4]), "little") if len(buf) >= 4 else -1
+            if declared != expected:
+                raise ValueError(f"lz4 size prefix says {declared} bytes, expected {expected}")
+            out = LZ4().decode(buf)
+        else:
+            out = LZ4().decode(struct.pack("<I", expected) + bytes(buf))
     else:  # pragma: no cover - guarded by spec parsing
         raise ValueError(f"unknown codec {algo}")
-    return np.frombuffer(out, dtype=np.uint8)
+    result = np.frombuffer(out, dtype=np.uint8)
+    if into is not None and len(result) == len(into):
+        into[:] = result
+        return into
+    return result
 
 
 def _size_failure(algo: str, i: int, got: int, expected: int) -> DecodeFailure:
@@ -214,7 +255,12 @@ def _size_failure(algo: str, i: int, got: int, expected: int) -> DecodeFailure:
 
 
 class CPUCodecs:
-    """Decode on the host: zlib for gzip/deflate, numcodecs for zstd and LZ4 blocks."""
+    """Decode on the host: zlib for gzip/zlib, numcodecs (libzstd, liblz4) for zstd and LZ4.
+
+    Streams come with their framing (a zstd frame, a gzip member, a zlib stream, numcodecs'
+    4-byte LZ4 size prefix; ``"lz4-block"``: a bare LZ4 block as Blosc stores it), and the
+    checksums they carry are verified.
+    """
 
     name = "cpu"
 
@@ -225,19 +271,18 @@ class CPUCodecs:
         self, algo: str, srcs: list[np.ndarray], expected: list[int], into: list[Any] | None = None
     ) -> Decoded:
         """Decode every stream; ``into`` optionally gives, per stream, the buffer of exactly
-        ``expected[i]`` bytes to decode into (``None``: a new buffer)."""
+        ``expected[i]`` bytes to decode into (``None``: a new buffer). Raises DecodeFailure
+        naming the first stream that does not decode to exactly its expected size."""
 
         def one(i: int) -> np.ndarray:
+            target = None if into is None else into[i]
             try:
-                out = _cpu_decode_one(algo, srcs[i], expected[i])
+                out = _cpu_decode_one(algo, srcs[i], expected[i], target)
             except Exception as exc:  # noqa: BLE001 - re-raised with the index
                 raise DecodeFailure(i, f"{algo} decode failed: {exc}") from exc
-            if into is None or into[i] is None:
-                return out
             if len(out) != expected[i]:
                 raise _size_failure(algo, i, len(out), expected[i])
-            into[i][:] = out
-            return into[i]
+            return out
 
         if len(srcs) == 1:
             return Decoded([one(0)])
@@ -266,8 +311,18 @@ def _nv_arrays(nv: Any, arrs: list[Any]) -> Any:
     return nv.as_arrays(flat, [a.data.ptr - start for a in arrs], [a.size for a in arrs])
 
 
+#: stream kind handed to nvCOMP for each engine codec (after :func:`deframe`)
+_BARE = {"zstd": "zstd", "gzip": "gzip", "zlib": "zlib", "lz4": "lz4", "lz4-block": "lz4"}
+
+
 class GPUCodecs:
-    """Decode on the GPU: one batched nvCOMP call per codec (``bitstream_kind=RAW``)."""
+    """Decode on the GPU: one batched nvCOMP call per codec (``bitstream_kind=RAW``).
+
+    Streams come with their framing, as for :class:`CPUCodecs`. nvCOMP's C API decodes the
+    bare streams into buffers of the expected size and reports a status and size per
+    stream; the checksums the framing stores are then verified on the GPU
+    (:mod:`.checksums`).
+    """
 
     name = "nvcomp"
 
@@ -288,13 +343,13 @@ class GPUCodecs:
         return self._nvcomp is not None
 
     def batched(self, algo: str):
-        """nvCOMP's C API decoder for ``algo`` (:mod:`.nvcomp_api`), or None where only the
-        Python API can be used (``CUPY_XARRAY_NVCOMP_C=0`` forces that)."""
+        """nvCOMP's C API decoder for the bare streams of ``algo`` (:mod:`.nvcomp_api`), or
+        None where only the Python API can be used (``CUPY_XARRAY_NVCOMP_C=0`` forces that)."""
         if self._nvcomp is None:
             return None
         from .nvcomp_api import batched_decoder
 
-        return batched_decoder(algo)
+        return batched_decoder(_BARE.get(algo, algo))
 
     def _codec(self, algo: str):
         """This thread's codec for ``algo``. nvCOMP runs it on a stream of its own: handing
@@ -313,21 +368,60 @@ class GPUCodecs:
         result.owner = out
         return result
 
-    def _decode_into(self, algo: str, srcs: list[Any], expected: list[int], into: list[Any]) -> Decoded:
-        """Decode straight into the given buffers (no copy afterwards); the streams without
-        one get 16-byte aligned slots of one new buffer."""
+    def _outputs(self, expected: list[int], into: list[Any] | None, align: int) -> tuple[list[Any], Any]:
+        """``into`` where given, else ``align``-byte aligned slots of one new buffer."""
         import cupy
 
-        nv = self._nvcomp
-        outs = list(into)
+        outs = list(into) if into is not None else [None] * len(expected)
         missing = [i for i, o in enumerate(outs) if o is None]
         scratch = None
         if missing:
             sizes = np.array([expected[i] for i in missing], dtype=np.int64)
-            slots, total = aligned_slots(sizes)
+            slots, total = aligned_slots(sizes, max(align, 16))
             scratch = cupy.empty(total, dtype=cupy.uint8)
             for i, p, n in zip(missing, slots.tolist(), sizes.tolist()):
                 outs[i] = scratch[p : p + n]
+        return outs, scratch
+
+    def _decode_c(self, batched: Any, algo: str, raw: list[Any], expected: list[int], into) -> Decoded:
+        """One call of nvCOMP's C API; every stream's status and size checked."""
+        import cupy
+
+        from .nvcomp_api import status_text
+
+        align = max(batched.input_alignment, 1)
+        keep = []
+        ptrs = np.array([r.data.ptr for r in raw], dtype=np.uint64)
+        lens = np.array([r.size for r in raw], dtype=np.uint64)
+        off = np.flatnonzero(ptrs % np.uint64(align))
+        if len(off):  # copy streams that do not start where nvCOMP needs them
+            slots, total = aligned_slots(lens[off].astype(np.int64), max(align, 16))
+            packed = cupy.empty(total, dtype=cupy.uint8)
+            for i, p in zip(off.tolist(), slots.tolist()):
+                packed[p : p + raw[i].size] = raw[i]
+                ptrs[i] = packed.data.ptr + p
+            keep.append(packed)
+        outs, scratch = self._outputs(expected, into, batched.output_alignment)
+        dst = np.array([o.data.ptr for o in outs], dtype=np.uint64)
+        want = np.asarray(expected, dtype=np.uint64)
+        sizes, status = batched.decode(ptrs, lens, dst, want)
+        bad = np.flatnonzero((status != 0) | (sizes != want.astype(np.int64)))
+        if len(bad):
+            k = int(bad[0])
+            if status[k]:
+                raise DecodeFailure(k, f"{algo} stream does not decode: {status_text(status[k])}")
+            raise _size_failure(algo, k, int(sizes[k]), expected[k])
+        decoded = Decoded(outs)
+        decoded.owner = (scratch, keep)
+        return decoded
+
+    def _decode_into(self, algo: str, srcs: list[Any], expected: list[int], into: list[Any]) -> Decoded:
+        """Python API: decode straight into the given buffers (no copy afterwards); the
+        streams without one get 16-byte aligned slots of one new buffer."""
+        import cupy
+
+        nv = self._nvcomp
+        outs, scratch = self._outputs(expected, into, 16)
         current = cupy.cuda.get_current_stream()
         current.synchronize()  # nvCOMP runs on its own stream: the outputs must be ready for it
         result = self._codec(algo).decode(_nv_arrays(nv, srcs), out=_nv_arrays(nv, outs))
@@ -342,6 +436,29 @@ class GPUCodecs:
         decoded.owner = (scratch, result)
         return decoded
 
+    def _decode_python(self, algo: str, raw: list[Any], expected: list[int], into) -> Decoded:
+        """nvCOMP's Python API (nvCOMP before 5, or ``CUPY_XARRAY_NVCOMP_C=0``)."""
+        bare = _BARE[algo]
+        try:
+            if into is not None and any(o is not None for o in into):
+                return self._decode_into(bare, raw, expected, into)
+            result = self._decode(bare, raw)
+        except DecodeFailure:
+            raise
+        except Exception as batch_exc:  # noqa: BLE001 - find which stream failed
+            for i, s in enumerate(raw):
+                try:
+                    (one,) = self._decode(bare, [s])
+                except Exception as exc:  # noqa: BLE001
+                    raise DecodeFailure(i, f"nvCOMP {algo} decode failed: {exc}") from exc
+                if len(one) != expected[i]:
+                    raise _size_failure(algo, i, len(one), expected[i]) from batch_exc
+            raise DecodeFailure(0, f"nvCOMP {algo} batch decode failed: {batch_exc}") from batch_exc
+        for i, d in enumerate(result):
+            if len(d) != expected[i]:
+                raise _size_failure(algo, i, len(d), expected[i])
+        return result
+
     def decode(
         self, algo: str, srcs: list[Any], expected: list[int], into: list[Any] | None = None
     ) -> Decoded:
@@ -351,28 +468,29 @@ class GPUCodecs:
 
             host = CPUCodecs().decode(algo, [s.get() for s in srcs], expected)
             result = Decoded(cupy.asarray(h) for h in host)
-            for i, (h, o) in enumerate(zip(host, into or [None] * len(host))):
+            for i, o in enumerate(into or [None] * len(host)):
                 if o is not None:
-                    if len(h) != expected[i]:
-                        raise _size_failure(algo, i, len(h), expected[i])
                     o[:] = result[i]
                     result[i] = o
             return result
-        try:
-            if into is not None and any(o is not None for o in into):
-                return self._decode_into(algo, srcs, expected, into)
-            return self._decode(algo, srcs)
-        except DecodeFailure:
-            raise
-        except Exception as batch_exc:  # noqa: BLE001 - find which stream failed
-            for i, s in enumerate(srcs):
-                try:
-                    (one,) = self._decode(algo, [s])
-                except Exception as exc:  # noqa: BLE001
-                    raise DecodeFailure(i, f"nvCOMP {algo} decode failed: {exc}") from exc
-                if len(one) != expected[i]:
-                    raise _size_failure(algo, i, len(one), expected[i]) from batch_exc
-            raise DecodeFailure(0, f"nvCOMP {algo} batch decode failed: {batch_exc}") from batch_exc
+        raw = []
+        for i, s in enumerate(srcs):
+            try:
+                raw.append(deframe(algo, s))
+            except FramingError as exc:
+                raise DecodeFailure(i, str(exc)) from exc
+        batched = self.batched(algo)
+        if batched is not None:
+            decoded = self._decode_c(batched, algo, raw, expected, into)
+        else:
+            decoded = self._decode_python(algo, raw, expected, into)
+        from .checksums import verify
+
+        bad = verify(algo, srcs, decoded)
+        if bad is not None:
+            what = {"zstd": "content checksum (XXH64)", "gzip": "CRC-32", "zlib": "Adler-32"}[algo]
+            raise DecodeFailure(bad, f"{algo} {what} does not match the decoded bytes")
+        return decoded
 
 
 def decoded_sizes(result: Any, count: int) -> list[int]:

@@ -1,10 +1,14 @@
-"""nvCOMP's batched C API through ctypes: decode tens of thousands of LZ4 streams per call.
+"""nvCOMP's batched C API through ctypes: every GPU decode, with a status per stream.
 
-The Python API (``nvidia.nvcomp``) wraps every stream of a batch in an ``Array`` object,
-three times (inputs, outputs, results). A Blosc batch holds one stream per block and byte
-plane, 32768 for 1 GiB of float32 with 512 KiB blocks, and creating and freeing those
-objects cost more host time than the decoding took on the GPU. Here a batch is four arrays
-of pointers and sizes, copied to the device at once, and one call on the caller's stream.
+Two reasons to call the C API rather than the Python one (``nvidia.nvcomp``):
+
+- Damaged streams. Every stream gets an output buffer of the size the chunk must decode to
+  and reports a status and its decoded size; the Python API sizes outputs from the streams
+  themselves and reports neither, and damaged zstd, LZ4 and deflate streams made it fault
+  (``cudaErrorIllegalAddress``, the CUDA context lost) or loop.
+- Many streams. The Python API wraps every stream in an ``Array`` object, three times; a
+  Blosc batch holds tens of thousands of streams. Here a batch is four arrays of pointers
+  and sizes, copied to the device at once, and one call on the caller's stream.
 
 Only nvCOMP 5 and later (the ``DecompressOpts`` signature); :func:`batched_decoder`
 returns None otherwise, and the engine keeps the Python API.
@@ -16,15 +20,25 @@ import ctypes
 import glob
 import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
-#: engine codec name -> nvCOMP C API algorithm prefix, for the codecs decoded here. Zstd
-#: stays on the Python API: its scratch memory must be sized by reading the streams (the
-#: bound without them is 3x the output), and the C API's query for that made a 1 GiB Blosc
-#: Zstd read slower on the H200 (21.6-23.1 GB/s against 22.4-26.6)
-ALGORITHMS = {"lz4": "LZ4"}
+#: bare stream kind -> nvCOMP C API algorithm prefix ("zlib": the deflate body of a zlib
+#: stream, "lz4": an LZ4 block). Zstd's scratch memory is sized by reading the streams
+#: (``GetTempSizeSync``; the bound without them is 3x the output), which also refuses
+#: malformed frames before the decode is launched.
+ALGORITHMS = {"lz4": "LZ4", "zstd": "Zstd", "gzip": "Gzip", "zlib": "Deflate"}
+#: nvcompStatus_t values, for messages
+STATUS_NAMES = {
+    10: "invalid value", 11: "not supported", 12: "cannot decompress", 13: "bad checksum",
+    14: "cannot verify checksums", 15: "output buffer too small", 16: "wrong header length",
+    17: "alignment", 18: "chunk size too large", 20: "wrong input length", 1000: "CUDA error",
+    10000: "internal error",
+}  # fmt: skip
+#: seconds a decode may take before the read gives up on it (``CUPY_XARRAY_DECODE_TIMEOUT``)
+DECODE_TIMEOUT = float(os.environ.get("CUPY_XARRAY_DECODE_TIMEOUT", 120))
 _BACKEND_CUDA = 2  # nvCOMP's CUDA kernels: they report corrupt streams (a hardware engine need not)
 
 
@@ -95,11 +109,45 @@ def _function(lib: Any, name: str, argtypes: list) -> Any:
 def describe() -> str:
     """One line for ``python -m cupy_xarray info``: is the C API used, and if not, why."""
     if not enabled():
-        return "off (CUPY_XARRAY_NVCOMP_C=0): Blosc LZ4 streams go through nvCOMP's Python API"
+        return "off (CUPY_XARRAY_NVCOMP_C=0): GPU decodes go through nvCOMP's Python API"
     if library() is None:
         return f"not used ({_lib_error})"
     v = _lib_version
-    return f"libnvcomp {v // 1000}.{v // 100 % 10}.{v % 100}: GPU reads decode Blosc LZ4 streams through it"
+    return f"libnvcomp {v // 1000}.{v // 100 % 10}.{v % 100}: GPU reads decode through it (status per stream)"
+
+
+def status_text(status: int) -> str:
+    """``nvCOMP status 12 (cannot decompress)``."""
+    name = STATUS_NAMES.get(int(status))
+    return f"nvCOMP status {int(status)}" + (f" ({name})" if name else "")
+
+
+class DecodeTimeout(RuntimeError):
+    """A batched decode did not finish in :data:`DECODE_TIMEOUT` seconds."""
+
+
+def wait(stream: Any, what: str) -> None:
+    """Wait for the work queued on ``stream`` so far, at most :data:`DECODE_TIMEOUT` seconds.
+
+    A bounded wait is the last line against a decode that never ends; the streams are
+    checked before they are decoded so that it should never be needed.
+    """
+    import cupy
+
+    done = cupy.cuda.Event(block=False, disable_timing=True)
+    done.record(stream)
+    if done.done:
+        return
+    deadline = time.monotonic() + DECODE_TIMEOUT
+    pause = 2e-5
+    while not done.done:
+        if time.monotonic() > deadline:
+            raise DecodeTimeout(
+                f"{what} did not finish within {DECODE_TIMEOUT:.0f} s (a damaged stream?); the GPU may "
+                "stay busy: restart the Python process (CUPY_XARRAY_DECODE_TIMEOUT sets the limit)"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 1e-3)
 
 
 class BatchedDecoder:
@@ -118,6 +166,11 @@ class BatchedDecoder:
         alignments = _function(
             lib, f"nvcompBatched{name}DecompressGetRequiredAlignments", [_Opts, ctypes.POINTER(_Alignments)]
         )
+        self._temp_size_sync = None
+        if name == "Zstd":
+            self._temp_size_sync = _function(
+                lib, f"nvcompBatched{name}DecompressGetTempSizeSync", [p, p, n, n, ctypes.POINTER(n), n, _Opts, p, p]
+            )
         self._opts = _Opts(backend=_BACKEND_CUDA)
         align = _Alignments()
         status = alignments(self._opts, ctypes.byref(align))
@@ -138,7 +191,8 @@ class BatchedDecoder:
         ``dst_bytes[i]`` at ``dst_ptrs[i]``, on the current cupy stream.
 
         Returns the decoded sizes and nvCOMP's status per stream (0: success), on the host;
-        the call waits for the decoding to finish.
+        the call waits for the decoding to finish (:func:`wait`, bounded). Streams that
+        zstd's scratch query already refuses are not decoded: sizes 0, their status.
         """
         import cupy
 
@@ -148,13 +202,23 @@ class BatchedDecoder:
         host = np.empty((4, n), dtype=np.uint64)
         host[0], host[1], host[2], host[3] = src_ptrs, src_bytes, dst_bytes, dst_ptrs
         meta = cupy.asarray(host)
-        result = cupy.empty((2 * n,), dtype=cupy.uint64)  # decoded sizes, then statuses (int32)
+        result = cupy.zeros((2 * n,), dtype=cupy.uint64)  # decoded sizes, then statuses (int32)
         statuses = result[n:].view(cupy.int32)[:n]
         temp_bytes = ctypes.c_size_t(0)
         stream = cupy.cuda.get_current_stream().ptr
         src, src_n, dst_n, dst = (int(meta.data.ptr) + k * 8 * n for k in range(4))
         max_out, total_out = int(dst_bytes.max()), int(dst_bytes.sum())
-        status = self._temp_size(n, max_out, self._opts, ctypes.byref(temp_bytes), total_out, stream)
+        if self._temp_size_sync is not None:
+            status = self._temp_size_sync(
+                src, src_n, n, max_out, ctypes.byref(temp_bytes), total_out, self._opts, statuses.data.ptr, stream
+            )
+            if status != 0:
+                raise RuntimeError(f"nvCOMP {self.algo}: temp size query failed (status {status})")
+            checked = statuses.get()
+            if (checked != 0).any():
+                return np.zeros(n, np.int64), checked.copy()
+        else:
+            status = self._temp_size(n, max_out, self._opts, ctypes.byref(temp_bytes), total_out, stream)
         if status != 0:
             raise RuntimeError(f"nvCOMP {self.algo}: temp size query failed (status {status})")
         temp = cupy.empty((max(int(temp_bytes.value), 1),), dtype=cupy.uint8)
@@ -164,11 +228,17 @@ class BatchedDecoder:
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"nvCOMP {self.algo}: batched decode failed to launch (status {status})")
-        back = result.get()  # waits for the decode; meta and temp stay alive until then
+        try:
+            wait(cupy.cuda.get_current_stream(), f"nvCOMP {self.algo} decode of {n} streams")
+        except DecodeTimeout:
+            _stuck.append((meta, result, temp))  # the GPU may still write to them: never free
+            raise
+        back = result.get()  # meta and temp stay alive until here
         return back[:n].astype(np.int64), back[n:].view(np.int32)[:n].copy()
 
 
 _decoders: dict[str, BatchedDecoder | None] = {}
+_stuck: list[Any] = []
 
 
 def batched_decoder(algo: str) -> BatchedDecoder | None:

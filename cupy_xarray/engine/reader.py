@@ -25,14 +25,13 @@ from ..errors import ChunkError, OutOfMemoryError
 from . import blosc
 from .codecs import (
     DecodeFailure,
-    FramingError,
     check_frame,
     crc32c_strip,
-    deframe,
     zstd_frame_length,
     zstd_frame_lengths,
 )
 from .io import ReadOp
+from .nvcomp_api import DecodeTimeout
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
 from .scatter import bytes_to_chunk, scatter, select
 from .shards import EMPTY, read_shard_index
@@ -291,18 +290,14 @@ def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
             _decode_blosc(tasks, name[len("blosc-") :], expected, device, clock, last)
             continue
         _check_frames(tasks, name, expected, device)
-        raw = []
-        for t in tasks:
-            try:
-                raw.append(deframe(name, t.data))
-            except FramingError as exc:
-                raise t.error(f"{exc} (corrupt chunk)") from exc
         clock.lap("decode prep")
         into = [t.target for t in tasks] if last and any(t.target is not None for t in tasks) else None
         try:
-            decoded = device.codecs.decode(name, raw, [expected] * len(raw), into)
+            decoded = device.codecs.decode(name, [t.data for t in tasks], [expected] * len(tasks), into)
         except DecodeFailure as exc:
-            raise tasks[exc.index].error(f"{exc} (corrupt chunk?)") from exc
+            raise tasks[exc.index].error(f"{exc} (corrupt chunk)") from exc
+        except DecodeTimeout as exc:
+            raise tasks[0].error(f"{exc} (a batch of {len(tasks)} chunks from this one)") from exc
         for t, d in zip(tasks, decoded):
             if len(d) != expected:
                 raise t.error(f"{name} stream decoded to {len(d)} bytes, expected {expected}")

@@ -1,0 +1,188 @@
+"""The checksums compressed streams carry, verified on the GPU after nvCOMP decodes them.
+
+nvCOMP decodes zarr's streams as bare streams (``bitstream_kind=RAW``) and checks none of
+their checksums: a zstd frame's content checksum (low 32 bits of XXH64), a gzip member's
+CRC-32, a zlib stream's Adler-32. :func:`verify` computes them over the decoded bytes where
+they lie (one kernel launch per batch, :file:`kernels/checksums.cu`) and compares them with
+the stored ones. On the CPU the decoders (zlib, libzstd) check them themselves.
+
+CRC-32 and Adler-32 are computed in segments of :data:`SEGMENT` bytes, one thread each,
+and combined; :func:`crc32_segmented` and :func:`adler32_segmented` are the same
+arithmetic on the host, tested against zlib.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import numpy as np
+
+SEGMENT = 2048  # SEG in kernels/checksums.cu
+_CRC_POLY = 0xEDB88320
+_ADLER_MOD = 65521
+
+
+def multmodp(a: int, b: int) -> int:
+    """``a(x) * b(x)`` modulo the CRC-32 polynomial, bit-reflected (zlib's ``multmodp``)."""
+    p = 0
+    for i in range(31, -1, -1):
+        if a & (1 << i):
+            p ^= b
+        b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
+    return p
+
+
+@functools.cache
+def x2n_table() -> tuple[int, ...]:
+    """``x^(2^k)`` modulo the polynomial, k = 0..31."""
+    p, table = 1 << 30, []
+    for _ in range(32):
+        table.append(p)
+        p = multmodp(p, p)
+    return tuple(table)
+
+
+def zeros_operator(n: int) -> int:
+    """The operator appending ``n`` zero bytes to a CRC: ``x^(8 n)`` modulo the polynomial."""
+    p, k, table = 1 << 31, 3, x2n_table()
+    while n:
+        if n & 1:
+            p = multmodp(table[k & 31], p)
+        n >>= 1
+        k += 1
+    return p
+
+
+def crc32_segmented(data: bytes) -> int:
+    """zlib's CRC-32 of ``data`` the way the GPU kernel computes it: per segment, combined."""
+    import zlib
+
+    n = len(data)
+    crc = 0
+    for start in range(0, n, SEGMENT):
+        end = min(start + SEGMENT, n)
+        # a segment's CRC without the inversions: zlib's with both inversions undone
+        raw = zlib.crc32(data[start:end]) ^ multmodp(zeros_operator(end - start), 0xFFFFFFFF) ^ 0xFFFFFFFF
+        part = multmodp(zeros_operator(n - end), raw)
+        if start == 0:
+            part ^= multmodp(zeros_operator(n), 0xFFFFFFFF) ^ 0xFFFFFFFF
+        crc ^= part
+    return crc
+
+
+def adler32_segmented(data: bytes) -> int:
+    """zlib's Adler-32 of ``data`` the way the GPU kernel computes it: per segment, summed."""
+    n = len(data)
+    d = np.frombuffer(data, dtype=np.uint8).astype(np.uint64)
+    sa = sb = 0
+    for start in range(0, n, SEGMENT):
+        end = min(start + SEGMENT, n)
+        seg = d[start:end]
+        a = int(seg.sum()) % _ADLER_MOD
+        w = int((seg * np.arange(end - start, 0, -1, dtype=np.uint64)).sum())
+        sa += a
+        sb += (w % _ADLER_MOD + ((n - end) % _ADLER_MOD) * a) % _ADLER_MOD
+    return ((n + sb) % _ADLER_MOD) << 16 | (1 + sa) % _ADLER_MOD
+
+
+_kernels: dict[str, Any] = {}
+
+
+def _kernel(name: str) -> Any:
+    if not _kernels:
+        import cupy
+
+        path = os.path.join(os.path.dirname(__file__), "kernels", "checksums.cu")
+        with open(path) as f:
+            module = cupy.RawModule(code=f.read())
+        for k in ("xxh64_streams", "crc32_segments", "adler32_segments", "stream_ends"):
+            _kernels[k] = module.get_function(k)
+    return _kernels[name]
+
+
+def _segments(cp: Any, lens: np.ndarray) -> tuple[Any, int]:
+    counts = -(-lens // SEGMENT)
+    first = np.zeros(len(lens), dtype=np.int64)
+    first[1:] = np.cumsum(counts)[:-1]
+    return cp.asarray(first), int(counts.sum())
+
+
+def stream_ends(ptrs: Any, lens: Any, count: int) -> np.ndarray:
+    """The first and last 8 bytes of ``count`` device streams: a (count, 16) host array."""
+    import cupy
+
+    out = cupy.zeros((count, 16), dtype=cupy.uint8)
+    _kernel("stream_ends")(((count + 127) // 128,), (128,), (ptrs, lens, out, np.int32(count)))
+    return out.get()
+
+
+def compute(kind: str, ptrs: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """``"xxh64"``, ``"crc32"`` or ``"adler32"`` of device streams (addresses, lengths), on the
+    host as uint64; one kernel launch for the batch."""
+    import cupy
+
+    count = len(ptrs)
+    if count == 0:
+        return np.zeros(0, np.uint64)
+    lens = np.asarray(lens, dtype=np.int64)
+    d_ptrs, d_lens = cupy.asarray(ptrs, dtype=cupy.uint64), cupy.asarray(lens)
+    if kind == "xxh64":
+        out = cupy.empty(count, dtype=cupy.uint64)
+        _kernel("xxh64_streams")((count,), (32,), (d_ptrs, d_lens, out, np.int32(count)))
+        return out.get()
+    first, nseg = _segments(cupy, lens)
+    grid = (max(1, (nseg + 255) // 256),)
+    if kind == "crc32":
+        out = cupy.zeros(count, dtype=cupy.uint32)
+        x2n = cupy.asarray(np.array(x2n_table(), dtype=np.uint32))
+        args = (d_ptrs, d_lens, first, np.int32(count), np.int64(nseg), x2n, out)
+        _kernel("crc32_segments")(grid, (256,), args)
+        return out.get().astype(np.uint64)
+    if kind == "adler32":
+        sums = cupy.zeros(2 * count, dtype=cupy.uint64)
+        _kernel("adler32_segments")(grid, (256,), (d_ptrs, d_lens, first, np.int32(count), np.int64(nseg), sums))
+        s = sums.get().reshape(count, 2)
+        a = (1 + s[:, 0]) % _ADLER_MOD
+        b = (lens.astype(np.uint64) + s[:, 1]) % _ADLER_MOD
+        return b << np.uint64(16) | a
+    raise ValueError(f"unknown checksum {kind!r}")
+
+
+def stored(algo: str, ends: np.ndarray) -> tuple[str | None, np.ndarray, np.ndarray]:
+    """What the framing of ``algo`` streams stores: (checksum kind, which streams carry one,
+    the stored values), from :func:`stream_ends` of the framed streams."""
+    tail = ends[:, 8:].astype(np.uint64)
+    le32 = tail[:, 4] | tail[:, 5] << 8 | tail[:, 6] << 16 | tail[:, 7] << 24
+    every = np.ones(len(ends), dtype=bool)
+    if algo == "zstd":
+        return "xxh64", (ends[:, 4] & 0x04) != 0, le32  # Content_Checksum_flag of the descriptor
+    if algo == "gzip":
+        return "crc32", every, tail[:, 0] | tail[:, 1] << 8 | tail[:, 2] << 16 | tail[:, 3] << 24
+    if algo == "zlib":
+        return "adler32", every, tail[:, 4] << 24 | tail[:, 5] << 16 | tail[:, 6] << 8 | tail[:, 7]
+    return None, np.zeros(len(ends), dtype=bool), le32
+
+
+def verify(algo: str, framed: list[Any], decoded: list[Any]) -> int | None:
+    """Index of the first stream whose decoded bytes do not match the checksum its framing
+    stores, or None (also for codecs that store none). ``framed``: the stored streams;
+    ``decoded``: what they decoded to (cupy uint8 views)."""
+    import cupy
+
+    if algo not in ("zstd", "gzip", "zlib") or not framed:
+        return None
+    f_ptrs = cupy.asarray(np.array([f.data.ptr for f in framed], dtype=np.uint64))
+    f_lens = cupy.asarray(np.array([f.size for f in framed], dtype=np.int64))
+    kind, has, values = stored(algo, stream_ends(f_ptrs, f_lens, len(framed)))
+    which = np.flatnonzero(has)
+    if kind is None or not len(which):
+        return None
+    ptrs = np.array([decoded[i].data.ptr for i in which], dtype=np.uint64)
+    lens = np.array([decoded[i].size for i in which], dtype=np.int64)
+    got = compute(kind, ptrs, lens)
+    if kind == "xxh64":
+        got = got & np.uint64(0xFFFFFFFF)
+    bad = np.flatnonzero(got != values[which])
+    return int(which[bad[0]]) if len(bad) else None
