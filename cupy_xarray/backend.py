@@ -24,6 +24,7 @@ from .containment import Containment
 from .device import Device, PrototypeDevice, resolve_device
 from .engine import array_spec, read_arrays
 from .engine.plan import normalize_selection
+from .engine.reader import DEFAULT_BATCH_BYTES
 from .errors import StoreError
 
 
@@ -39,9 +40,11 @@ class KvikioBackendArray(BackendArray):
         array pickles).
     threads
         I/O threads, or None for the default.
+    batch_bytes
+        Memory a read's batches may hold beside its output (:func:`~cupy_xarray.engine.read_arrays`).
     """
 
-    __slots__ = ("_preloaded", "device", "dtype", "shape", "spec", "threads")
+    __slots__ = ("_preloaded", "batch_bytes", "device", "dtype", "shape", "spec", "threads")
 
     def __init__(
         self,
@@ -50,8 +53,10 @@ class KvikioBackendArray(BackendArray):
         device: Any = "gpu",
         threads: int | None = None,
         containment: Containment | None = None,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
     ):
         self.spec = array_spec(zarr_array, name=name, containment=containment)
+        self.batch_bytes = batch_bytes
         self.shape = self.spec.shape
         self.dtype = self.spec.dtype
         self.device = device
@@ -72,7 +77,7 @@ class KvikioBackendArray(BackendArray):
             if all(isinstance(s, slice) and s == slice(0, n, 1) for s, n in zip(sel, self.shape)):
                 out, self._preloaded = self._preloaded, None
                 return out
-        return read_arrays([(self.spec, key)], self.resolved_device())[0]
+        return read_arrays([(self.spec, key)], self.resolved_device(), batch_bytes=self.batch_bytes)[0]
 
 
 class KvikioStore(ZarrStore):
@@ -81,6 +86,7 @@ class KvikioStore(ZarrStore):
     _cupy_xarray_device: Any = "gpu"
     _cupy_xarray_threads: int | None = None
     _cupy_xarray_containment: Containment | None = None
+    _cupy_xarray_batch_bytes: int = DEFAULT_BATCH_BYTES
 
     def open_store_variable(self, name, *args, **kwargs):
         var = super().open_store_variable(name, *args, **kwargs)
@@ -88,23 +94,53 @@ class KvikioStore(ZarrStore):
         # dimension coordinates become pandas indexes: they are always read to the host
         device = "cpu" if var.dims == (name,) else self._cupy_xarray_device
         array = KvikioBackendArray(
-            zarr_array, name, device, self._cupy_xarray_threads, self._cupy_xarray_containment
+            zarr_array,
+            name,
+            device,
+            self._cupy_xarray_threads,
+            self._cupy_xarray_containment,
+            self._cupy_xarray_batch_bytes,
         )
         data = indexing.LazilyIndexedArray(array)
         return Variable(var.dims, data, var.attrs, var.encoding)
+
+
+def _is_local_store_object(obj: Any) -> bool:
+    return type(obj).__name__ == "LocalStore" and hasattr(obj, "root")
+
+
+def local_store_path(obj: Any) -> str | None:
+    """The directory behind a local store given as a path, a ``file://`` URL or a
+    ``zarr.storage.LocalStore``; None for anything else (remote URLs, other stores)."""
+    if _is_local_store_object(obj):
+        return os.fspath(obj.root)
+    if not isinstance(obj, str | os.PathLike):
+        return None
+    path = os.fspath(obj)
+    if path.startswith("file://"):
+        from urllib.parse import urlparse
+        from urllib.request import url2pathname
+
+        url = urlparse(path)
+        if url.netloc not in ("", "localhost"):
+            return None
+        return url2pathname(url.path)
+    return None if "://" in path else path
 
 
 def _open_store(
     path, *, group, consolidated, zarr_format, storage_options, allow_external_links=False
 ) -> KvikioStore:
     containment = None
-    if isinstance(path, str | os.PathLike):
-        path = os.fspath(path)
-        if "://" not in path and not os.path.exists(path):
-            raise StoreError(f"no such Zarr store: {path!r} does not exist")
-        if "://" not in path:
-            containment = Containment.for_store(path, allow_external_links)
-            containment.check_group(group)
+    local = local_store_path(path)
+    if local is not None:
+        if not os.path.exists(local):
+            raise StoreError(f"no such Zarr store: {local!r} does not exist")
+        # every form of a local store gets the same containment (and the engine's reads)
+        containment = Containment.for_store(local, allow_external_links)
+        containment.check_group(group)
+        if not _is_local_store_object(path):
+            path = local
     try:
         store = KvikioStore.open_group(
             path,
@@ -144,8 +180,13 @@ def open_kvikio_dataset(
     zarr_format: int | None = None,
     storage_options: dict | None = None,
     allow_external_links: bool = False,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
 ):
     """Open a Zarr store lazily; variables load through the engine on ``device``."""
+    if not isinstance(batch_bytes, int) or isinstance(batch_bytes, bool) or batch_bytes <= 0:
+        raise ValueError(
+            f"batch_bytes must be a positive number of bytes, got {batch_bytes!r} (default 2 GiB)"
+        )
     if isinstance(device, str):
         resolve_device(device, threads)  # fail now (no GPU, no cupy), not at first load
     store = _open_store(
@@ -158,6 +199,7 @@ def open_kvikio_dataset(
     )
     store._cupy_xarray_device = device
     store._cupy_xarray_threads = threads
+    store._cupy_xarray_batch_bytes = batch_bytes
     ds = StoreBackendEntrypoint().open_dataset(
         store,
         mask_and_scale=mask_and_scale,
@@ -182,8 +224,9 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
     """Open Zarr stores straight into GPU memory: ``xr.open_dataset(path, engine="kvikio")``.
 
     Extra keywords beside the zarr engine's: ``device`` (``"gpu"`` default, ``"cpu"`` or a
-    zarr ``BufferPrototype``), ``threads`` (I/O threads) and ``allow_external_links``
-    (follow symbolic links that leave the store's root; refused by default).
+    zarr ``BufferPrototype``), ``threads`` (I/O threads), ``allow_external_links``
+    (follow symbolic links that leave the store's root; refused by default) and
+    ``batch_bytes`` (memory one read's batches may hold beside its output).
     """
 
     description = "Open Zarr stores into GPU memory (cupy) with kvikio and nvCOMP"
@@ -204,6 +247,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         "device",
         "threads",
         "allow_external_links",
+        "batch_bytes",
     )
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
@@ -227,6 +271,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         device: Any = "gpu",
         threads: int | None = None,
         allow_external_links: bool = False,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
     ):
         return open_kvikio_dataset(
             filename_or_obj,
@@ -244,6 +289,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
             zarr_format=zarr_format,
             storage_options=storage_options,
             allow_external_links=allow_external_links,
+            batch_bytes=batch_bytes,
         )
 
 

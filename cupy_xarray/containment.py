@@ -222,6 +222,14 @@ def check_array(array: Any, name: str, containment: Containment | None) -> None:
         chunks = tuple(int(c) for c in array.chunks)
     except (NotImplementedError, TypeError):
         return
+    shards = getattr(array, "shards", None)
+    for what, grid in (("chunk shape", chunks), ("shard shape", tuple(int(s) for s in shards or ()))):
+        if any(c <= 0 for c in grid):
+            raise UnsafeStoreError(
+                f"{where}: {what} {grid} has a length of 0 or less (corrupt metadata: every chunk "
+                "length must be at least 1)",
+                key=name,
+            )
     nbytes = math.prod(chunks) * itemsize
     if nbytes > MAX_CHUNK_BYTES:
         raise UnsafeStoreError(
@@ -229,7 +237,6 @@ def check_array(array: Any, name: str, containment: Containment | None) -> None:
             "allowed per chunk (raise CUPY_XARRAY_MAX_CHUNK_BYTES if the store is genuine)",
             key=name,
         )
-    shards = getattr(array, "shards", None)
     if shards:
         per_shard = math.prod(-(-int(s) // c) for s, c in zip(shards, chunks))
         if per_shard > MAX_CHUNKS_PER_SHARD:

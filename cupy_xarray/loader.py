@@ -41,7 +41,7 @@ def read_zarr_gds(
     Parameters
     ----------
     store
-        Path of a local Zarr store (v2 or v3).
+        A local Zarr store (v2 or v3): a path, a ``file://`` URL or a ``zarr.storage.LocalStore``.
     group
         Group inside the store.
     variables
@@ -52,11 +52,13 @@ def read_zarr_gds(
     threads
         I/O threads (default: one per core, 4 to 32; ``CUPY_XARRAY_THREADS``).
     progress
-        Show a progress bar; default: when more than 1 GiB is read.
+        Show a progress bar; default: when more than 1 GiB is read. Eager reads only
+        (with ``chunks=``, ``progress=True`` is refused: use dask's progress bar).
     batch_bytes
         Memory a batch of reads may hold beside the output (default 2 GiB): the stored
         bytes of chunks decoded straight into the output, the decoded bytes of the others.
         Smaller saves memory; larger gives nvCOMP more streams per call, which is faster.
+        With ``chunks=``, each dask task's read keeps to it.
     consolidated, zarr_format
         As for ``xr.open_zarr``.
     chunks
@@ -74,20 +76,26 @@ def read_zarr_gds(
         Data variables as cupy arrays (for ``device="gpu"``); coordinates on the host.
     """
     dev = resolve_device(device, threads)
-    if chunks is not None:
-        return _read_chunked(
-            store, group, variables, device, threads, consolidated, zarr_format, chunks, decode_kwargs
-        )
-    ds = open_kvikio_dataset(
-        store,
+    options = dict(
         device=device,
         threads=threads,
         group=group,
         consolidated=consolidated,
         zarr_format=zarr_format,
         allow_external_links=allow_external_links,
+        batch_bytes=batch_bytes,
         **decode_kwargs,
     )
+    if chunks is not None:
+        if progress:
+            raise ValueError(
+                "progress=True shows an eager read's progress; with chunks= nothing is read until "
+                "computed: use dask's progress bar (dask.diagnostics.ProgressBar, or distributed's "
+                "dashboard) instead"
+            )
+        ds = xr.open_dataset(store, engine="kvikio", chunks=chunks, **options)
+        return _select(ds, variables, store, group)
+    ds = open_kvikio_dataset(store, **options)
     ds = _select(ds, variables, store, group)
     arrays = [
         a
@@ -124,18 +132,3 @@ def _select(ds: xr.Dataset, variables: Any, store: Any, group: str | None) -> xr
             + f"; data variables are {sorted(map(str, ds.data_vars))}"
         )
     return ds[names]
-
-
-def _read_chunked(store, group, variables, device, threads, consolidated, zarr_format, chunks, decode_kwargs):
-    ds = xr.open_dataset(
-        store,
-        engine="kvikio",
-        chunks=chunks,
-        device=device,
-        threads=threads,
-        group=group,
-        consolidated=consolidated,
-        zarr_format=zarr_format,
-        **decode_kwargs,
-    )
-    return _select(ds, variables, store, group)

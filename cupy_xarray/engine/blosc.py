@@ -104,7 +104,8 @@ def layout(read_u32: Any, starts: np.ndarray, lengths: np.ndarray, expected: int
     checks = [
         (~np.isin(version, (1, 2, 3)) | (typesize == 0), "not a Blosc 1 chunk (version {v}, typesize {t})"),
         (nbytes != expected, "Blosc header declares {nb} decoded bytes, expected {e}"),
-        (cbytes != lengths, "Blosc header declares {cb} stored bytes, the chunk has {ln} (truncated?)"),
+        (cbytes > lengths, "Blosc header declares {cb} stored bytes, the chunk has {ln} (truncated?)"),
+        (cbytes < 16, "Blosc header declares {cb} stored bytes, fewer than its own 16"),
         (
             (blocksize <= 0) | ((blocksize > nbytes) & (nbytes > 0)),
             "Blosc block size {bs} does not fit {nb} bytes",
@@ -119,6 +120,8 @@ def layout(read_u32: Any, starts: np.ndarray, lengths: np.ndarray, expected: int
                 bs=blocksize[i], f=FORMAT_NAMES.get(int(fmt[i]), int(fmt[i])), c=cname,
             )  # fmt: skip
             raise BloscLayoutError(i, text + " (corrupt chunk)")
+    # bytes after cbytes are not the chunk's (some writers pad chunks): c-blosc ignores them too
+    lengths = np.minimum(lengths, cbytes)
 
     # blocks of the compressed chunks
     comp = np.flatnonzero(~memcpyed & (nbytes > 0))

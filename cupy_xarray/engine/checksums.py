@@ -142,7 +142,9 @@ def compute(kind: str, ptrs: np.ndarray, lens: np.ndarray) -> np.ndarray:
         return out.get().astype(np.uint64)
     if kind == "adler32":
         sums = cupy.zeros(2 * count, dtype=cupy.uint64)
-        _kernel("adler32_segments")(grid, (256,), (d_ptrs, d_lens, first, np.int32(count), np.int64(nseg), sums))
+        _kernel("adler32_segments")(
+            grid, (256,), (d_ptrs, d_lens, first, np.int32(count), np.int64(nseg), sums)
+        )
         s = sums.get().reshape(count, 2)
         a = (1 + s[:, 0]) % _ADLER_MOD
         b = (lens.astype(np.uint64) + s[:, 1]) % _ADLER_MOD

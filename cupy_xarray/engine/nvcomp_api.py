@@ -169,7 +169,9 @@ class BatchedDecoder:
         self._temp_size_sync = None
         if name == "Zstd":
             self._temp_size_sync = _function(
-                lib, f"nvcompBatched{name}DecompressGetTempSizeSync", [p, p, n, n, ctypes.POINTER(n), n, _Opts, p, p]
+                lib,
+                f"nvcompBatched{name}DecompressGetTempSizeSync",
+                [p, p, n, n, ctypes.POINTER(n), n, _Opts, p, p],
             )
         self._opts = _Opts(backend=_BACKEND_CUDA)
         align = _Alignments()
@@ -210,7 +212,15 @@ class BatchedDecoder:
         max_out, total_out = int(dst_bytes.max()), int(dst_bytes.sum())
         if self._temp_size_sync is not None:
             status = self._temp_size_sync(
-                src, src_n, n, max_out, ctypes.byref(temp_bytes), total_out, self._opts, statuses.data.ptr, stream
+                src,
+                src_n,
+                n,
+                max_out,
+                ctypes.byref(temp_bytes),
+                total_out,
+                self._opts,
+                statuses.data.ptr,
+                stream,
             )
             if status != 0:
                 raise RuntimeError(f"nvCOMP {self.algo}: temp size query failed (status {status})")

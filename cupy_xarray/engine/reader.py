@@ -408,25 +408,36 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock) -> No
             t.release()
 
 
-def _check_files_zarr_reads(spec: ArraySpec, selection: tuple) -> None:
-    """Before zarr-python reads a selection: the chunk (or shard) files it will open, and their
-    directories, must stay inside the store root. Only the files the selection touches are
-    checked, so that every dask task does not walk the whole array."""
-    c = spec.containment
-    if c is None or not spec.directory or c.allow_external_links:
-        return
+def _zarr_grid(spec: ArraySpec) -> tuple[int, ...] | None:
+    """The grid of files zarr-python reads (shards for sharded arrays), None if irregular."""
     shards = getattr(spec.zarr_array, "shards", None)
     grid = tuple(int(n) for n in shards) if shards else spec.chunks
-    if len(grid) != len(spec.shape):  # no regular grid (rectilinear chunks): check them all
-        c.check_tree(spec.directory, spec.name)
+    return grid if len(grid) == len(spec.shape) else None
+
+
+def _check_files_zarr_reads(spec: ArraySpec, selection: tuple) -> None:
+    """Before zarr-python reads a selection: the chunk (or shard) files it will open must be
+    files (zarr-python reads a directory as a missing chunk: fill values), and for an untrusted
+    store they and their directories must stay inside the root. Only the files the selection
+    touches are checked, so that every dask task does not walk the whole array."""
+    if not spec.directory:
+        return
+    c = spec.containment
+    grid = _zarr_grid(spec)
+    if grid is None:  # no regular grid (rectilinear chunks): check every link below the array
+        if c is not None:
+            c.check_tree(spec.directory, spec.name)
         return
     checked: set[str] = set()
     for coords in {p.coords for p in plan_chunks(selection, spec.shape, grid)}:
         key = spec.chunk_key(coords)
+        path = os.path.join(spec.directory, key)
         try:
-            spec.stat_file(os.path.join(spec.directory, key), key, checked)
+            st = spec.stat_file(path, key, checked)
         except FileNotFoundError:
-            pass
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            raise ChunkError("chunk path is a directory, not a file", array=spec.name, chunk=key, path=path)
 
 
 def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevice):
@@ -437,15 +448,37 @@ def _zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevi
     if 0 in shape:  # zarr-python refuses empty integer selections; there is nothing to read
         return empty_on(device, shape, spec.dtype)
     sel = tuple(s.tolist() if isinstance(s, np.ndarray) else s for s in selection)
-    if isinstance(device, PrototypeDevice):
-        return spec.zarr_array.get_orthogonal_selection(sel, prototype=buffer_prototype(device))
-    result = spec.zarr_array.get_orthogonal_selection(sel)
+    try:
+        if isinstance(device, PrototypeDevice):
+            return spec.zarr_array.get_orthogonal_selection(sel, prototype=buffer_prototype(device))
+        result = spec.zarr_array.get_orthogonal_selection(sel)
+    except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
+        if _is_oom(exc):
+            raise
+        raise _zarr_chunk_error(spec, selection, exc) from exc
     result = np.asarray(result)
     if result.dtype.kind in "biufc":
         return device.asarray(result.astype(spec.dtype, copy=False))
     if result.dtype.byteorder not in ("|", "="):  # big-endian datetimes and the like: native order out
         return result.astype(result.dtype.newbyteorder("="))
     return result
+
+
+def _zarr_chunk_error(spec: ArraySpec, selection: tuple, exc: Exception) -> ChunkError:
+    """A ChunkError for zarr-python's failure to read ``selection``: read the selection's chunk
+    files one at a time to find the one that fails."""
+    what = f"zarr-python cannot decode it ({type(exc).__name__}: {exc}) (corrupt chunk?)"
+    grid = _zarr_grid(spec)
+    if grid is not None:
+        for coords in sorted({p.coords for p in plan_chunks(selection, spec.shape, grid)}):
+            region = tuple(slice(c * g, min((c + 1) * g, n)) for c, g, n in zip(coords, grid, spec.shape))
+            try:
+                spec.zarr_array.get_orthogonal_selection(region)
+            except Exception as one:  # noqa: BLE001 - this is the chunk to name
+                key = spec.chunk_key(coords)
+                what = f"zarr-python cannot decode it ({type(one).__name__}: {one}) (corrupt chunk?)"
+                return ChunkError(what, array=spec.name, chunk=key, path=os.path.join(spec.directory, key))
+    return ChunkError(what, array=spec.name, chunk="(one of the selection's chunks)", path=spec.directory)
 
 
 def _gib(n: float) -> str:

@@ -69,8 +69,11 @@ def read_shard_index(
     index = np.frombuffer(raw, dtype="<u8").astype(np.uint64).reshape(per_shard + (2,))
     offsets, lengths = index[..., 0], index[..., 1]
     present = offsets != EMPTY
-    ends = offsets[present] + lengths[present]
-    if ends.size and (ends.max() > size or (offsets[present] > size).any()):
+    starts, counts = offsets[present], lengths[present]
+    room = np.uint64(size) - np.minimum(
+        starts, np.uint64(size)
+    )  # no 64-bit wrap-around: never offset + length
+    if starts.size and ((starts > np.uint64(size)).any() or (counts > room).any()):
         raise ChunkError(
             f"shard index points past the end of the {size}-byte shard file (corrupt shard)",
             array=spec.name,
