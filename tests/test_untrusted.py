@@ -282,3 +282,69 @@ def test_arrays_zarr_python_reads_check_the_chunks_they_touch(tmp_path, device, 
     expected = np.arange(32, dtype="float32").reshape(4, 8)
     np.testing.assert_array_equal(host(_open(store, device).a[:4].data), expected)
     np.testing.assert_array_equal(host(_open(store, device, chunks={}).a[:4].compute().data), expected)
+
+
+def _store_forms():
+    return {
+        "str": lambda p: str(p),
+        "Path": lambda p: p,
+        "file-url": lambda p: p.as_uri(),
+        "LocalStore": lambda p: zarr.storage.LocalStore(str(p), read_only=True),
+    }
+
+
+@pytest.mark.parametrize("form", list(_store_forms()))
+@pytest.mark.parametrize("read", ["eager", "lazy", "dask"])
+@pytest.mark.parametrize("compressors", ["auto", "bz2"], ids=["engine", "zarr-python"])
+def test_every_store_form_keeps_reads_inside_the_root(tmp_path, device, form, read, compressors):
+    """A path, a Path, a file:// URL and a LocalStore object get the same containment, on the
+    engine's reads and on the arrays handed to zarr-python, eager, lazy and with dask."""
+    import numcodecs
+
+    store = tmp_path / "s.zarr"
+    if compressors == "bz2":
+        _write(store, fmt=2, compressors=numcodecs.BZ2())
+        chunk = store / "a" / "1.0"
+    else:
+        _write(store)
+        chunk = store / "a" / "c" / "1" / "0"
+    sentinel = Sentinel(tmp_path / "sentinel")
+    chunk.unlink()
+    os.symlink(sentinel.path, chunk)
+    target = _store_forms()[form](store)
+    with sentinel, pytest.raises(UnsafeStoreError, match="outside the store root"):
+        if read == "eager":
+            cupy_xarray.read_zarr_gds(target, device=device)
+        elif read == "lazy":
+            _open(target, device).a.load()
+        else:
+            _open(target, device, chunks={}).a.compute()
+    # the same store with the links allowed reads the outside file's bytes (as zarr-python would)
+    if compressors == "auto" and read == "lazy":
+        with pytest.raises(cupy_xarray.errors.ChunkError):  # "secret..." is not a zstd frame
+            _open(target, device, allow_external_links=True).a.load()
+
+
+def test_read_zarr_gds_chunked_keeps_its_options(tmp_path, device):
+    """read_zarr_gds(chunks=...) keeps allow_external_links and batch_bytes, refuses progress."""
+    from cupy_xarray.backend import KvikioBackendArray
+    from cupy_xarray.cf import find_backend_array
+
+    store = tmp_path / "s.zarr"
+    _write(store)
+    sentinel = Sentinel(tmp_path / "sentinel")
+    chunk = store / "a" / "c" / "1" / "0"
+    chunk.unlink()
+    os.symlink(sentinel.path, chunk)
+    with sentinel, pytest.raises(UnsafeStoreError, match="outside the store root"):
+        cupy_xarray.read_zarr_gds(store, device=device, chunks={}).a.compute()
+    with pytest.raises(cupy_xarray.errors.ChunkError, match="c/1/0"):
+        cupy_xarray.read_zarr_gds(store, device=device, chunks={}, allow_external_links=True).a.compute()
+    with pytest.raises(ValueError, match="dask's progress bar"):
+        cupy_xarray.read_zarr_gds(store, device=device, chunks={}, progress=True)
+    ds = cupy_xarray.read_zarr_gds(store, device=device, chunks={}, batch_bytes=12345)
+    lazy = _open(store, device, batch_bytes=12345)
+    assert find_backend_array(lazy.a.variable._data, KvikioBackendArray).batch_bytes == 12345
+    assert ds.a.chunks is not None
+    with pytest.raises(ValueError, match="batch_bytes must be a positive"):
+        _open(store, device, batch_bytes=0)

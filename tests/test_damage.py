@@ -1,0 +1,381 @@
+"""Damaged and hostile chunks: a clear error or zarr-python's own values, never silent garbage.
+
+The seeded campaign of :mod:`damage` runs here on the CPU and, in child processes, on the GPU;
+the regression tests below pin each defect the campaign or a reader found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+
+import numcodecs
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from conftest import host
+
+import cupy_xarray  # noqa: F401
+from cupy_xarray.containment import UnsafeStoreError
+from cupy_xarray.engine import checksums
+from cupy_xarray.errors import ChunkError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CAMPAIGN_CASES = int(os.environ.get("CUPY_XARRAY_DAMAGE_CASES", "1200"))
+
+
+def _campaign_report(results, all_cases):
+    import damage
+
+    report = damage.summary(results, all_cases)
+    covered = {(all_cases[r["index"]].layout, all_cases[r["index"]].kind) for r in results}
+    return report, covered
+
+
+def test_damage_campaign_cpu(tmp_path):
+    import damage
+
+    all_cases = damage.cases(CAMPAIGN_CASES, seed=0)
+    runner = damage.Runner(str(tmp_path), "cpu")
+    results = [dict(index=c.index, outcome=o, detail=d) for c in all_cases for o, d in [runner.run(c)]]
+    report, covered = _campaign_report(results, all_cases)
+    assert not report["failures"], "\n".join(report["failures"][:20])
+    assert report["cases"] == CAMPAIGN_CASES >= 1000
+    # every layout met every kind of damage, and both detectable and invisible damage occurred
+    assert len(covered) == sum(len(damage.KINDS) - ("sharded" not in layout) for layout in damage.LAYOUTS)
+    assert report["counts"].get("error", 0) > 0 and report["counts"].get("same", 0) > 0
+
+
+@pytest.mark.gpu
+def test_damage_campaign_gpu(tmp_path):
+    """Child processes, each checking after every case that its GPU still computes: no case may
+    kill the CUDA context, hang, or return values zarr-python would not."""
+    out = tmp_path / "campaign.json"
+    cmd = [sys.executable, os.path.join(HERE, "damage.py"), "--device", "gpu"]
+    cmd += ["--cases", str(CAMPAIGN_CASES), "--json", str(out), "--timeout", "60"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    print(proc.stdout[-4000:])
+    report = json.loads(out.read_text())["report"]
+    assert not report["failures"], "\n".join(report["failures"][:20])
+    assert report["cases"] == CAMPAIGN_CASES
+    assert set(report["counts"]) <= {"error", "same", "intact"}
+
+
+# ---------------------------------------------------------------- regression tests
+
+
+def _one_chunk_store(path, fmt, compressor, data):
+    kw = {"compressors": compressor} if compressor is not None else {"compressors": None}
+    a = zarr.create_array(
+        str(path), shape=data.shape, chunks=data.shape, dtype=data.dtype, zarr_format=fmt, **kw
+    )
+    a[:] = data
+    import damage
+
+    (chunk,) = damage.chunk_files(str(path))
+    return chunk
+
+
+def _read(path, device):
+    from cupy_xarray.device import resolve_device
+    from cupy_xarray.engine import array_spec, read_arrays
+
+    spec = array_spec(zarr.open_array(str(path), mode="r"), name="a")
+    return read_arrays([(spec, (slice(None),) * len(spec.shape))], resolve_device(device))[0]
+
+
+def _flip(path, pos, bit=0):
+    raw = bytearray(open(path, "rb").read())
+    raw[pos if pos >= 0 else len(raw) + pos] ^= 1 << bit
+    open(path, "wb").write(bytes(raw))
+
+
+def _smooth(n=4096):
+    return (np.sin(np.arange(n) / 40.0) * 100).astype("float32")
+
+
+V3_ZSTD_CHECKSUM = [zarr.codecs.ZstdCodec(level=3, checksum=True)]
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_zstd_content_checksum_is_verified(tmp_path, device, fmt):
+    comp = numcodecs.Zstd(level=3, checksum=True) if fmt == 2 else V3_ZSTD_CHECKSUM
+    store = tmp_path / "s.zarr"
+    chunk = _one_chunk_store(store, fmt, comp, _smooth())
+    np.testing.assert_array_equal(host(_read(store, device)), _smooth())
+    # a literal byte in the middle of the frame: still a valid frame, wrong content
+    _flip(chunk, len(open(chunk, "rb").read()) // 2, 3)
+    with pytest.raises(Exception):  # noqa: B017 - zarr-python refuses it too
+        zarr.open_array(str(store))[:]
+    with pytest.raises(ChunkError, match=r"chunk '(c/)?0'.*(checksum|zstd)"):
+        _read(store, device)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_gzip_crc32_is_verified(tmp_path, device, fmt):
+    comp = numcodecs.GZip(level=1) if fmt == 2 else [zarr.codecs.GzipCodec(level=1)]
+    store = tmp_path / "s.zarr"
+    chunk = _one_chunk_store(store, fmt, comp, _smooth())
+    _flip(chunk, -8)  # the CRC-32 itself: the body still decodes, to the right size
+    with pytest.raises(ChunkError, match="(CRC|crc|check)"):
+        _read(store, device)
+    _flip(chunk, -8)
+    np.testing.assert_array_equal(host(_read(store, device)), _smooth())
+    _flip(chunk, 40, 2)  # inside the deflate body
+    with pytest.raises(ChunkError):
+        _read(store, device)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_zlib_adler32_is_verified(tmp_path, device, fmt):
+    """The minimal case: Zlib(level=0), 12 float32 values, one bit of byte 11 flipped."""
+    comp = numcodecs.Zlib(level=0) if fmt == 2 else [zarr.codecs.numcodecs.Zlib(level=0)]
+    store = tmp_path / "s.zarr"
+    data = np.arange(12, dtype="float32")
+    chunk = _one_chunk_store(store, fmt, comp, data)
+    _flip(chunk, 11)
+    with pytest.raises(Exception, match="incorrect data check"):
+        zarr.open_array(str(store))[:]
+    with pytest.raises(ChunkError, match="(Adler|incorrect data check)"):
+        _read(store, device)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_lz4_truncated_to_half(tmp_path, device, fmt):
+    comp = numcodecs.LZ4() if fmt == 2 else [zarr.codecs.numcodecs.LZ4()]
+    store = tmp_path / "s.zarr"
+    chunk = _one_chunk_store(store, fmt, comp, np.random.default_rng(0).random(4096).astype("float32"))
+    raw = open(chunk, "rb").read()
+    open(chunk, "wb").write(raw[: len(raw) // 2])
+    with pytest.raises(ChunkError, match="lz4"):
+        _read(store, device)
+
+
+def _bomb(kind: str, size: int) -> bytes:
+    c = zlib.compressobj(9, zlib.DEFLATED, 31 if kind == "gzip" else 15)
+    block = bytes(1 << 20)
+    return b"".join([c.compress(block) for _ in range(size >> 20)] + [c.flush()])
+
+
+_BOMB_READ = """
+import resource, sys, zarr
+sys.path.insert(0, {here!r})
+from test_damage import _read
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    _read({store!r}, {device!r})
+except Exception as exc:
+    print(type(exc).__name__, str(exc)[:200])
+print("peak MiB", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zlib"])
+def test_decompression_stops_at_the_chunk_size(tmp_path, device, kind):
+    """A 48-byte chunk replaced by ~0.5 MiB that inflates to 512 MiB: refused without inflating
+    it (the read's memory stays far below the bomb's size)."""
+    comp = {"gzip": numcodecs.GZip(level=1), "zlib": numcodecs.Zlib(level=1)}[kind]
+    store = tmp_path / "s.zarr"
+    chunk = _one_chunk_store(store, 2, comp, np.arange(12, dtype="float32"))
+    bomb = bytearray(_bomb(kind, 512 << 20))
+    if kind == "gzip":  # a trailer that claims the chunk's own size
+        bomb[-4:] = (48).to_bytes(4, "little")
+    open(chunk, "wb").write(bytes(bomb))
+    script = _BOMB_READ.format(here=HERE, store=str(store), device=device)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300).stdout
+    assert out.startswith("ChunkError") and "chunk '0'" in out, out
+    if device == "cpu":
+        assert "more than the 48 bytes" in out, out
+    assert int(out.split("peak MiB")[1]) < 128, out
+
+
+def test_shard_index_entry_that_overflows_64_bits(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    a = zarr.create_array(
+        str(store), shape=(8,), chunks=(4,), shards=(8,), dtype="float32", compressors=None, zarr_format=3
+    )
+    a[:] = np.arange(8, dtype="float32")
+    shard = store / "c" / "0"
+    raw = bytearray(shard.read_bytes())
+    index = len(raw) - 2 * 16 - 4
+    raw[index : index + 16] = (2**64 - 16).to_bytes(8, "little") + (32).to_bytes(8, "little")
+    import google_crc32c
+
+    raw[-4:] = int(google_crc32c.value(bytes(raw[index:-4]))).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ChunkError, match=r"c/0.*points past the end"):
+        _read(store, device)
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_chunk_shape_with_zero_is_refused_at_open(tmp_path, device, fmt):
+    store = tmp_path / "s.zarr"
+    xr.Dataset({"a": ("x", np.arange(10.0))}).to_zarr(store, zarr_format=fmt, consolidated=False)
+    meta_path = store / "a" / ("zarr.json" if fmt == 3 else ".zarray")
+    meta = json.loads(meta_path.read_text())
+    if fmt == 3:
+        meta["chunk_grid"]["configuration"]["chunk_shape"] = [0]
+    else:
+        meta["chunks"] = [0]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(UnsafeStoreError, match=r"array 'a'.*chunk shape \(0,\)"):
+        xr.open_dataset(store, engine="kvikio", device=device, consolidated=False)
+
+
+def test_arrays_read_by_zarr_python_name_the_corrupt_chunk(tmp_path, device):
+    store = tmp_path / "s.zarr"
+    comp = numcodecs.BZ2()  # decoded by zarr-python
+    data = np.random.default_rng(1).random((8, 8)).astype("float32")
+    a = zarr.create_array(
+        str(store), shape=(8, 8), chunks=(4, 4), dtype="float32", zarr_format=2, compressors=comp
+    )
+    a[:] = data
+    chunk = store / "1.0"
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2 :] = bytes(len(raw) - len(raw) // 2)
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(ChunkError, match=r"chunk '1\.0'.*zarr-python cannot decode it"):
+        _read(store, device)
+    # a directory where a chunk file should be is not a missing chunk
+    chunk.unlink()
+    chunk.mkdir()
+    with pytest.raises(ChunkError, match=r"chunk '1\.0'.*is a directory"):
+        _read(store, device)
+
+
+def _blosc_store(path, fmt, shuffle):
+    data = (np.sin(np.arange(64 * 64) / 30.0) * 50).astype("float32").reshape(64, 64)
+    if fmt == 2:
+        comp = numcodecs.Blosc(cname="lz4", shuffle=shuffle)
+    else:
+        comp = [
+            zarr.codecs.BloscCodec(
+                cname="lz4", shuffle={0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}[shuffle]
+            )
+        ]
+    a = zarr.create_array(
+        str(path), shape=(64, 64), chunks=(32, 32), dtype="float32", zarr_format=fmt, compressors=comp
+    )
+    a[:] = data
+    return data
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("shuffle", [0, 1, 2])
+def test_padded_blosc_chunks_are_read(tmp_path, device, fmt, shuffle):
+    """Writers such as z5py leave bytes after a Blosc chunk's cbytes; c-blosc ignores them."""
+    import damage
+
+    store = tmp_path / "s.zarr"
+    data = _blosc_store(store, fmt, shuffle)
+    for f in damage.chunk_files(str(store)):
+        with open(f, "ab") as fh:
+            fh.write(b"\x00" * 16)
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(store))[:]), data)
+    np.testing.assert_array_equal(host(_read(store, device)), data)
+    # shorter than cbytes is still refused
+    f = damage.chunk_files(str(store))[0]
+    raw = open(f, "rb").read()
+    open(f, "wb").write(raw[: len(raw) - 40])
+    with pytest.raises(ChunkError, match="Blosc header declares"):
+        _read(store, device)
+
+
+# ---------------------------------------------------------------- checksum arithmetic
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 31, 2047, 2048, 2049, 4096 + 5, 100_003])
+def test_segmented_checksums_equal_zlib(n):
+    data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
+    assert checksums.crc32_segmented(data) == zlib.crc32(data)
+    assert checksums.adler32_segmented(data) == zlib.adler32(data)
+    ones = b"\xff" * n  # the largest sums Adler-32 meets
+    assert checksums.adler32_segmented(ones) == zlib.adler32(ones)
+
+
+def _xxh64(data: bytes, seed: int = 0) -> int:
+    """XXH64 in Python, for the kernel's reference (small inputs only)."""
+    M = 2**64 - 1
+    P1, P2, P3, P4, P5 = (
+        11400714785074694791, 14029467366897019727, 1609587929392839161, 9650029242287828579, 2870177450012600261,
+    )  # fmt: skip
+
+    def rotl(x, r):
+        return ((x << r) | (x >> (64 - r))) & M
+
+    def rnd(acc, x):
+        return rotl((acc + x * P2) & M, 31) * P1 & M
+
+    n, p = len(data), 0
+    if n >= 32:
+        v = [(seed + P1 + P2) & M, (seed + P2) & M, seed, (seed - P1) & M]
+        while p + 32 <= n:
+            for k in range(4):
+                v[k] = rnd(v[k], int.from_bytes(data[p + 8 * k : p + 8 * k + 8], "little"))
+            p += 32
+        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & M
+        for k in range(4):
+            h = ((h ^ rnd(0, v[k])) * P1 + P4) & M
+    else:
+        h = (seed + P5) & M
+    h = (h + n) & M
+    while p + 8 <= n:
+        h = (rotl(h ^ rnd(0, int.from_bytes(data[p : p + 8], "little")), 27) * P1 + P4) & M
+        p += 8
+    if p + 4 <= n:
+        h = (rotl(h ^ (int.from_bytes(data[p : p + 4], "little") * P1 & M), 23) * P2 + P3) & M
+        p += 4
+    while p < n:
+        h = rotl(h ^ (data[p] * P5 & M), 11) * P1 & M
+        p += 1
+    h ^= h >> 33
+    h = h * P2 & M
+    h ^= h >> 29
+    h = h * P3 & M
+    return h ^ (h >> 32)
+
+
+@pytest.mark.parametrize("n", [0, 5, 31, 32, 100, 4096, 5000])
+def test_reference_xxh64_is_what_zstd_stores(n):
+    data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
+    frame = numcodecs.Zstd(level=1, checksum=True).encode(data)
+    assert _xxh64(data) & 0xFFFFFFFF == int.from_bytes(frame[-4:], "little")
+
+
+@pytest.mark.gpu
+def test_checksum_kernels_equal_the_host():
+    import cupy
+
+    rng = np.random.default_rng(5)
+    lengths = [0, 1, 7, 31, 32, 33, 2047, 2048, 2049, 4095, 4096, 4097, 65536 + 13, 4 << 20]
+    streams = [rng.integers(0, 256, n, dtype=np.uint8) for n in lengths]
+    buf = cupy.zeros(sum(n + 64 for n in lengths), dtype=cupy.uint8)
+    ptrs, views, pos = [], [], 3  # odd addresses too: the kernels' unaligned paths
+    for s in streams:
+        buf[pos : pos + len(s)] = cupy.asarray(s)
+        views.append(buf[pos : pos + len(s)])
+        ptrs.append(buf.data.ptr + pos)
+        pos += len(s) + 61
+    ptrs = np.array(ptrs, dtype=np.uint64)
+    lens = np.array(lengths, dtype=np.int64)
+    crc = checksums.compute("crc32", ptrs, lens)
+    adler = checksums.compute("adler32", ptrs, lens)
+    xxh = checksums.compute("xxh64", ptrs, lens)
+    for i, s in enumerate(streams):
+        b = s.tobytes()
+        assert int(crc[i]) == zlib.crc32(b), lengths[i]
+        assert int(adler[i]) == zlib.adler32(b), lengths[i]
+        if lengths[i] <= 65536 + 13:
+            assert int(xxh[i]) == _xxh64(b), lengths[i]
+        else:  # too long for the Python reference: zstd's stored checksum instead
+            frame = numcodecs.Zstd(level=1, checksum=True).encode(b)
+            assert int(xxh[i]) & 0xFFFFFFFF == int.from_bytes(frame[-4:], "little")
+    ends = checksums.stream_ends(cupy.asarray(ptrs), cupy.asarray(lens), len(lengths))
+    for i, s in enumerate(streams):
+        b = s.tobytes()
+        assert ends[i, : min(8, len(b))].tobytes() == b[:8]
+        assert ends[i, 16 - min(8, len(b)) :].tobytes() == b[-8:] if b else True
