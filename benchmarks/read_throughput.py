@@ -4,13 +4,16 @@ Usage (on a GPU machine)::
 
     python benchmarks/read_throughput.py --dir /tmp/bench --size-gib 4 --json out.json
 
-For each store (uncompressed, zstd and lz4 with 4 MiB and 1 MiB chunks, Blosc lz4 + shuffle,
-Blosc zstd + bitshuffle, sharded zstd) it measures, on the same data:
+For each store (uncompressed, zstd and lz4 with 4 MiB and 1 MiB chunks, zstd with content
+checksums, gzip, zlib, Blosc lz4 + shuffle, Blosc zstd + bitshuffle, sharded zstd) it
+measures, on the same data:
 ``engine="kvikio"`` full load, ``read_zarr_gds``, zarr's GPU mode with ``LocalStore``,
 kvikio's ``GDSStore`` with zarr's GPU mode, CPU zarr + ``cupy.asarray``, and the raw
 ceiling (``kvikio.CuFile.read`` of one file of the same size, same thread count, into a
 buffer allocated beforehand, and again with the allocation timed as every other path's is).
-It prints GB/s of decoded bytes, ratios against each baseline, and peak GPU memory.
+It prints GB/s of decoded bytes, ratios against each baseline, and peak GPU memory; for
+stores whose chunks carry checksums, the time of the GPU pass that verifies them beside the
+time of the whole read.
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ def write_stores(root: Path, size_gib: float, which: list[str]) -> dict[str, Pat
         "uncompressed": dict(t=n, chunks=(8, 1024, 1024), compressors=None),
         "zstd": dict(t=n, chunks=(1, 1024, 1024), compressors=zarr.codecs.ZstdCodec(level=1)),
         "zstd-1MiB": dict(t=n, chunks=(1, 256, 1024), compressors=zarr.codecs.ZstdCodec(level=1)),
+        "zstd-checksum": dict(
+            t=n, chunks=(1, 1024, 1024), compressors=zarr.codecs.ZstdCodec(level=1, checksum=True)
+        ),
+        "gzip": dict(t=max(8, n // 4), chunks=(1, 1024, 1024), compressors=zarr.codecs.GzipCodec(level=1)),
+        "zlib": dict(t=max(8, n // 4), chunks=(1, 1024, 1024), compressors=zn.Zlib(level=1)),
         "lz4": dict(t=max(8, n // 4), chunks=(1, 1024, 1024), compressors=zn.LZ4()),
         "lz4-1MiB": dict(t=max(8, n // 4), chunks=(1, 256, 1024), compressors=zn.LZ4()),
         "blosc-lz4": dict(
@@ -202,6 +210,29 @@ def raw_ceiling(root: Path, nbytes: int, threads: int, repeat: int) -> tuple[flo
     return nbytes / t / 1e9, nbytes / t_alloc / 1e9
 
 
+#: the checksum each store's chunks carry (verified by the engine after decoding on the GPU)
+CHECKSUMS = {"zstd-checksum": "xxh64", "gzip": "crc32", "zlib": "adler32"}
+
+
+def verify_cost(path: Path, kind: str, threads: int, repeat: int) -> tuple[float, float]:
+    """Seconds of the engine's checksum pass over the decoded chunks of a full load (one kernel
+    launch per batch, as in a read), and of the load itself."""
+    import cupy
+    import xarray as xr
+
+    from cupy_xarray.engine import checksums
+
+    load = lambda: xr.open_dataset(path, engine="kvikio", threads=threads)["field"].data  # noqa: E731
+    t_read, _ = timed(load, repeat)
+    out = load()
+    chunk = out[0].nbytes  # chunks are (1, y, x): one run of the output each
+    ptrs = np.uint64(out.data.ptr) + np.arange(out.shape[0], dtype=np.uint64) * np.uint64(chunk)
+    lens = np.full(out.shape[0], chunk, dtype=np.int64)
+    t_verify, _ = timed(lambda: checksums.compute(kind, ptrs, lens), repeat)
+    cupy.cuda.Device().synchronize()
+    return t_verify, t_read
+
+
 def drop_caches() -> bool:
     try:
         os.sync()
@@ -249,6 +280,14 @@ def main() -> None:
             row["paths"][label] = {"GBps": nbytes / t / 1e9, "peak_GiB": peak / 2**30}
             print(
                 f"  {name:>13} {label:<18} {nbytes / t / 1e9:7.2f} GB/s  peak {peak / 2**30:6.2f} GiB",
+                flush=True,
+            )
+        if name in CHECKSUMS:
+            t_verify, t_read = verify_cost(path, CHECKSUMS[name], args.threads, args.repeat)
+            row["verify"] = {"kind": CHECKSUMS[name], "seconds": t_verify, "read_seconds": t_read}
+            print(
+                f"  {name:>13} verifying {CHECKSUMS[name]} on the GPU: {t_verify * 1e3:.1f} ms, "
+                f"{100 * t_verify / t_read:.1f} % of the engine's read ({nbytes / t_verify / 1e9:.0f} GB/s)",
                 flush=True,
             )
         if args.cold and drop_caches():
