@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -270,17 +269,27 @@ def _child(args) -> None:
             return
 
 
-def campaign(count: int, seed: int, device: str, timeout: float = 60.0) -> list[dict]:
-    """Run ``count`` cases in child processes; one result per case, in order."""
+def campaign(count: int, seed: int, device: str, timeout: float = 60.0, log=None) -> list[dict]:
+    """Run ``count`` cases in child processes; one result per case, in order. ``log``: a file
+    that gets every case that is not OK as it happens, and the children's stderr."""
     import select
 
     results: dict[int, dict] = {}
     start = 0
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    labels = cases(count, seed)
+
+    def note(msg):
+        results[msg["index"]] = msg
+        if log is not None and msg["outcome"] not in OK:
+            log.write(f"{labels[msg['index']].label()}: {msg['outcome']}: {msg['detail']}\n")
+            log.flush()
+
     while start < count:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--device", device]
+        cmd = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--child", "--device", device]
         cmd += ["--cases", str(count), "--seed", str(seed), "--start", str(start)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        err = log if log is not None else subprocess.DEVNULL
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
         fd = proc.stdout.fileno()
         current, buf, last = start, b"", time.monotonic()
         while True:
@@ -293,13 +302,13 @@ def campaign(count: int, seed: int, device: str, timeout: float = 60.0) -> list[
                     msg = json.loads(line)
                     current = msg["index"]
                     if "outcome" in msg:
-                        results[current] = msg
+                        note(msg)
                         current += 1
             elif ready:  # end of output: the child is gone
                 proc.wait()
                 if current < count:  # it died during this case
                     detail = f"the process died (exit code {proc.returncode})"
-                    results[current] = {"index": current, "outcome": "crash", "detail": detail}
+                    note({"index": current, "outcome": "crash", "detail": detail})
                     current += 1
                 break
             elif time.monotonic() - last > timeout:
@@ -338,12 +347,14 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--child", action="store_true")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--log", help="append failures (as they happen) and the children's stderr here")
     args = p.parse_args()
     if args.child:
         _child(args)
         return
     t0 = time.perf_counter()
-    results = campaign(args.cases, args.seed, args.device, args.timeout)
+    log = open(args.log, "a") if args.log else None
+    results = campaign(args.cases, args.seed, args.device, args.timeout, log)
     report = summary(results, cases(args.cases, args.seed))
     report.update(device=args.device, seed=args.seed, seconds=round(time.perf_counter() - t0, 1))
     print(json.dumps({k: v for k, v in report.items() if k != "failures"}))

@@ -303,9 +303,8 @@ def test_segmented_checksums_equal_zlib(n):
 def _xxh64(data: bytes, seed: int = 0) -> int:
     """XXH64 in Python, for the kernel's reference (small inputs only)."""
     M = 2**64 - 1
-    P1, P2, P3, P4, P5 = (
-        11400714785074694791, 14029467366897019727, 1609587929392839161, 9650029242287828579, 2870177450012600261,
-    )  # fmt: skip
+    P1, P2, P3 = 11400714785074694791, 14029467366897019727, 1609587929392839161
+    P4, P5 = 9650029242287828579, 2870177450012600261
 
     def rotl(x, r):
         return ((x << r) | (x >> (64 - r))) & M
