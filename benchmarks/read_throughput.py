@@ -7,7 +7,8 @@ Usage (on a GPU machine)::
 For each store (uncompressed, zstd and lz4 with 4 MiB and 1 MiB chunks, zstd with content
 checksums, gzip, zlib, Blosc lz4 + shuffle, Blosc zstd + bitshuffle, sharded zstd) it
 measures, on the same data:
-``engine="kvikio"`` full load, ``read_zarr_gds``, zarr's GPU mode with ``LocalStore``,
+``engine="kvikio"`` full load (``decode="auto"``, and ``decode="gpu"``: every chunk to nvCOMP),
+``read_zarr_gds``, zarr's GPU mode with ``LocalStore``,
 kvikio's ``GDSStore`` with zarr's GPU mode, CPU zarr + ``cupy.asarray``, and the raw
 ceiling (``kvikio.CuFile.read`` of one file of the same size, same thread count, into a
 buffer allocated beforehand, and again with the allocation timed as every other path's is).
@@ -155,6 +156,9 @@ def paths_for(path: Path, threads: int):
     def kvikio_engine():
         return xr.open_dataset(path, engine="kvikio", threads=threads)["field"].data
 
+    def kvikio_engine_gpu_decode():
+        return xr.open_dataset(path, engine="kvikio", threads=threads, decode="gpu")["field"].data
+
     def loader():
         return cupy_xarray.read_zarr_gds(path, threads=threads)["field"].data
 
@@ -173,6 +177,7 @@ def paths_for(path: Path, threads: int):
 
     return {
         "kvikio engine": kvikio_engine,
+        "engine decode=gpu": kvikio_engine_gpu_decode,
         "read_zarr_gds": loader,
         "zarr GPU mode": zarr_gpu,
         "GDSStore+GPU": gds_store,

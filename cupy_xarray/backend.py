@@ -23,6 +23,7 @@ from .cf import device_agnostic, find_backend_array
 from .containment import Containment
 from .device import Device, PrototypeDevice, resolve_device
 from .engine import array_spec, read_arrays
+from .engine.codecs import decode_choice
 from .engine.plan import normalize_selection
 from .engine.reader import DEFAULT_BATCH_BYTES
 from .errors import StoreError
@@ -42,9 +43,11 @@ class KvikioBackendArray(BackendArray):
         I/O threads, or None for the default.
     batch_bytes
         Memory a read's batches may hold beside its output (:func:`~cupy_xarray.engine.read_arrays`).
+    decode
+        Where a GPU read decodes: ``"auto"``, ``"gpu"`` or ``"cpu"`` (None: ``CUPY_XARRAY_DECODE``).
     """
 
-    __slots__ = ("_preloaded", "batch_bytes", "device", "dtype", "shape", "spec", "threads")
+    __slots__ = ("_preloaded", "batch_bytes", "decode", "device", "dtype", "shape", "spec", "threads")
 
     def __init__(
         self,
@@ -54,9 +57,11 @@ class KvikioBackendArray(BackendArray):
         threads: int | None = None,
         containment: Containment | None = None,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
+        decode: str | None = None,
     ):
         self.spec = array_spec(zarr_array, name=name, containment=containment)
         self.batch_bytes = batch_bytes
+        self.decode = decode
         self.shape = self.spec.shape
         self.dtype = self.spec.dtype
         self.device = device
@@ -77,7 +82,8 @@ class KvikioBackendArray(BackendArray):
             if all(isinstance(s, slice) and s == slice(0, n, 1) for s, n in zip(sel, self.shape)):
                 out, self._preloaded = self._preloaded, None
                 return out
-        return read_arrays([(self.spec, key)], self.resolved_device(), batch_bytes=self.batch_bytes)[0]
+        device = self.resolved_device()
+        return read_arrays([(self.spec, key)], device, batch_bytes=self.batch_bytes, decode=self.decode)[0]
 
 
 class KvikioStore(ZarrStore):
@@ -87,6 +93,7 @@ class KvikioStore(ZarrStore):
     _cupy_xarray_threads: int | None = None
     _cupy_xarray_containment: Containment | None = None
     _cupy_xarray_batch_bytes: int = DEFAULT_BATCH_BYTES
+    _cupy_xarray_decode: str | None = None
 
     def open_store_variable(self, name, *args, **kwargs):
         var = super().open_store_variable(name, *args, **kwargs)
@@ -100,6 +107,7 @@ class KvikioStore(ZarrStore):
             self._cupy_xarray_threads,
             self._cupy_xarray_containment,
             self._cupy_xarray_batch_bytes,
+            self._cupy_xarray_decode,
         )
         data = indexing.LazilyIndexedArray(array)
         return Variable(var.dims, data, var.attrs, var.encoding)
@@ -181,8 +189,11 @@ def open_kvikio_dataset(
     storage_options: dict | None = None,
     allow_external_links: bool = False,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
+    decode: str | None = None,
 ):
     """Open a Zarr store lazily; variables load through the engine on ``device``."""
+    if decode is not None:
+        decode_choice(decode)  # a wrong value fails now, not at the first load
     if not isinstance(batch_bytes, int) or isinstance(batch_bytes, bool) or batch_bytes <= 0:
         raise ValueError(
             f"batch_bytes must be a positive number of bytes, got {batch_bytes!r} (default 2 GiB)"
@@ -200,6 +211,7 @@ def open_kvikio_dataset(
     store._cupy_xarray_device = device
     store._cupy_xarray_threads = threads
     store._cupy_xarray_batch_bytes = batch_bytes
+    store._cupy_xarray_decode = decode
     ds = StoreBackendEntrypoint().open_dataset(
         store,
         mask_and_scale=mask_and_scale,
@@ -225,8 +237,10 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
 
     Extra keywords beside the zarr engine's: ``device`` (``"gpu"`` default, ``"cpu"`` or a
     zarr ``BufferPrototype``), ``threads`` (I/O threads), ``allow_external_links``
-    (follow symbolic links that leave the store's root; refused by default) and
-    ``batch_bytes`` (memory one read's batches may hold beside its output).
+    (follow symbolic links that leave the store's root; refused by default),
+    ``batch_bytes`` (memory one read's batches may hold beside its output) and ``decode``
+    (``"auto"``: nvCOMP for the streams it decodes safely, CPU threads for the others;
+    ``"gpu"``: nvCOMP for all, for stores you trust; ``"cpu"``).
     """
 
     description = "Open Zarr stores into GPU memory (cupy) with kvikio and nvCOMP"
@@ -248,6 +262,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         "threads",
         "allow_external_links",
         "batch_bytes",
+        "decode",
     )
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
@@ -272,6 +287,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         threads: int | None = None,
         allow_external_links: bool = False,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
+        decode: str | None = None,
     ):
         return open_kvikio_dataset(
             filename_or_obj,
@@ -290,6 +306,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
             storage_options=storage_options,
             allow_external_links=allow_external_links,
             batch_bytes=batch_bytes,
+            decode=decode,
         )
 
 

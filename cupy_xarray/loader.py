@@ -31,6 +31,7 @@ def read_zarr_gds(
     zarr_format: int | None = None,
     chunks: Any = None,
     allow_external_links: bool = False,
+    decode: str | None = None,
     **decode_kwargs: Any,
 ) -> xr.Dataset:
     """Read a Zarr store into GPU memory as an :class:`xarray.Dataset`, in one go.
@@ -67,6 +68,12 @@ def read_zarr_gds(
         engine and whose ``_meta`` is on ``device``; nothing is read until computed.
     allow_external_links
         Follow symbolic links that resolve outside the store (refused by default).
+    decode
+        Where compressed chunks are decoded for a GPU read: ``"auto"`` (default, or
+        ``CUPY_XARRAY_DECODE``): nvCOMP for the streams it decodes safely after the engine's
+        checks, CPU threads for the others (zstd frames without a crc32c, numcodecs' LZ4);
+        ``"gpu"``: nvCOMP for all, the fastest, for stores you trust (nvCOMP can fault on
+        damaged zstd frames); ``"cpu"``. The values read are the same.
     **decode_kwargs
         CF decoding options of ``xr.open_dataset`` (``mask_and_scale``, ``decode_times``...).
 
@@ -84,6 +91,7 @@ def read_zarr_gds(
         zarr_format=zarr_format,
         allow_external_links=allow_external_links,
         batch_bytes=batch_bytes,
+        decode=decode,
         **decode_kwargs,
     )
     if chunks is not None:

@@ -291,7 +291,7 @@ def campaign(count: int, seed: int, device: str, timeout: float = 60.0, log=None
         err = log if log is not None else subprocess.DEVNULL
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
         fd = proc.stdout.fileno()
-        current, buf, last = start, b"", time.monotonic()
+        current, running, buf, last = start, None, b"", time.monotonic()
         while True:
             ready, _, _ = select.select([fd], [], [], 0.1)
             chunk = os.read(fd, 1 << 16) if ready else b""
@@ -300,26 +300,27 @@ def campaign(count: int, seed: int, device: str, timeout: float = 60.0, log=None
                 *lines, buf = (buf + chunk).split(b"\n")
                 for line in lines:
                     msg = json.loads(line)
-                    current = msg["index"]
                     if "outcome" in msg:
                         note(msg)
-                        current += 1
+                        running, current = None, msg["index"] + 1
+                    else:
+                        running = msg["index"]
             elif ready:  # end of output: the child is gone
                 proc.wait()
-                if current < count:  # it died during this case
+                if running is not None:  # it died during this case
                     detail = f"the process died (exit code {proc.returncode})"
-                    note({"index": current, "outcome": "crash", "detail": detail})
-                    current += 1
+                    note({"index": running, "outcome": "crash", "detail": detail})
+                    current = running + 1
+                elif current == start:  # it died before its first case
+                    note({"index": start, "outcome": "crash", "detail": f"exit code {proc.returncode}"})
+                    current = start + 1
                 break
             elif time.monotonic() - last > timeout:
                 proc.kill()
                 proc.wait()
-                results[current] = {
-                    "index": current,
-                    "outcome": "hang",
-                    "detail": f"no answer in {timeout:.0f} s",
-                }
-                current += 1
+                stuck = running if running is not None else current
+                note({"index": stuck, "outcome": "hang", "detail": f"no answer in {timeout:.0f} s"})
+                current = stuck + 1
                 break
         proc.stdout.close()
         start = current

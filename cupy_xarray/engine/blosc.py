@@ -26,6 +26,8 @@ FORMATS = {1: "lz4", 4: "zstd"}
 FORMAT_NAMES = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
 #: cnames whose chunks the engine decodes (lz4hc writes LZ4 blocks)
 CNAMES = {"lz4": "lz4", "lz4hc": "lz4", "zstd": "zstd"}
+#: cname -> the kind of stream its blocks hold (:func:`~.codecs.decodes_on_gpu`)
+STREAMS = {"lz4": "lz4-block", "lz4hc": "lz4-block", "zstd": "zstd"}
 
 _SHUFFLE, _MEMCPYED, _BITSHUFFLE, _DONT_SPLIT = 0x1, 0x2, 0x4, 0x10
 _MAX_SPLITS, _MIN_BUFFERSIZE = 16, 128
@@ -302,6 +304,37 @@ def decode_chunks(
     return owners, chunks
 
 
+def decode_chunks_on_host(
+    chunks: list[Any], expected: int, device: Any, targets: list[Any] | None = None
+) -> tuple[list[Any], list[Any]]:
+    """Decode whole Blosc chunks (already checked by :func:`layout`) with c-blosc on CPU
+    threads into pinned memory, and copy them to the device (``targets`` where given).
+    Returns the buffers to keep alive and each chunk's decoded bytes on the device."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from numcodecs import blosc as cblosc
+
+    from .codecs import host_copies, host_threads, pinned_buffer, to_device
+
+    n = len(chunks)
+    sizes = np.full(n, expected, dtype=np.int64)
+    slots, total = aligned_slots(sizes)
+    pinned = pinned_buffer(total)
+    srcs = host_copies(chunks)
+
+    def one(i: int) -> None:
+        try:
+            cblosc.decompress(memoryview(srcs[i]), pinned[slots[i] : slots[i] + expected])
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
+            raise BloscLayoutError(i, f"c-blosc cannot decode it: {exc} (corrupt chunk)") from exc
+
+    with ThreadPoolExecutor(max_workers=min(host_threads(), n)) as pool:
+        list(pool.map(one, range(n)))
+    outs, scratch = device.codecs._outputs([expected] * n, targets, 16)
+    to_device(pinned, slots, sizes, outs)
+    return [scratch], outs
+
+
 def _decode_streams(device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray) -> list[Any]:
     """Decode with ``Device.codecs`` (one batched call); check every decoded length."""
     try:
@@ -337,6 +370,14 @@ def _decode_gpu_c(
         lap("blosc pack")
     out_ptrs = np.uint64(target.data.ptr) + dst.astype(np.uint64)
     src_ptrs = np.uint64(source.data.ptr) + src.astype(np.uint64)
+    if algo == "lz4":  # nvCOMP decodes malformed LZ4 blocks to garbage: walk them first
+        from .checksums import lz4_check
+
+        bad = np.flatnonzero(lz4_check(src_ptrs, clen, dlen))
+        if len(bad):
+            raise BloscLayoutError(
+                int(lay.chunk[idx[bad[0]]]), "Blosc lz4 stream is malformed or truncated (corrupt chunk)"
+            )
     try:
         sizes, status = batched.decode(src_ptrs, clen.astype(np.uint64), out_ptrs, dlen.astype(np.uint64))
     except DecodeTimeout as exc:

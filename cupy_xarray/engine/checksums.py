@@ -1,4 +1,4 @@
-"""The checksums compressed streams carry, verified on the GPU after nvCOMP decodes them.
+"""The checks of decoded streams nvCOMP does not make, run on the GPU where the bytes are.
 
 nvCOMP decodes zarr's streams as bare streams (``bitstream_kind=RAW``) and checks none of
 their checksums: a zstd frame's content checksum (low 32 bits of XXH64), a gzip member's
@@ -9,6 +9,11 @@ the stored ones. On the CPU the decoders (zlib, libzstd) check them themselves.
 CRC-32 and Adler-32 are computed in segments of :data:`SEGMENT` bytes, one thread each,
 and combined; :func:`crc32_segmented` and :func:`adler32_segmented` are the same
 arithmetic on the host, tested against zlib.
+
+nvCOMP's LZ4 decoder does not check the structure of a block either (a truncated block
+decodes to garbage of the right size): :func:`lz4_check` walks every block's sequences
+before it is decoded, with the rules of liblz4's safe decoder (:func:`lz4_walk_host` is the
+kernel's twin on the host).
 """
 
 from __future__ import annotations
@@ -87,6 +92,53 @@ def adler32_segmented(data: bytes) -> int:
     return ((n + sb) % _ADLER_MOD) << 16 | (1 + sa) % _ADLER_MOD
 
 
+def lz4_walk_host(block: bytes, expected: int) -> int:
+    """0 when ``block`` is an LZ4 block that decodes to exactly ``expected`` bytes (liblz4's
+    safe-decoder rules), else 1 + the position where it fails; the ``lz4_walk`` kernel's twin."""
+    p, n, pos, out = block, len(block), 0, 0
+    while True:
+        if pos >= n:
+            return pos + 1
+        token = p[pos]
+        pos += 1
+        lit = token >> 4
+        if lit == 15:
+            while True:
+                if pos >= n:
+                    return pos + 1
+                b = p[pos]
+                pos += 1
+                lit += b
+                if b != 255:
+                    break
+        cpy = out + lit
+        if lit > n - pos or cpy > expected:
+            return pos + 1
+        if cpy > expected - 12 or pos + lit > n - 8:  # necessarily the last sequence
+            return 0 if pos + lit == n and cpy == expected else pos + 1
+        pos += lit
+        out = cpy
+        if n - pos < 2:
+            return pos + 1
+        offset = p[pos] | p[pos + 1] << 8
+        pos += 2
+        if offset == 0 or offset > out:
+            return pos - 1
+        ml = token & 15
+        if ml == 15:
+            while True:
+                if pos >= n:
+                    return pos + 1
+                b = p[pos]
+                pos += 1
+                ml += b
+                if b != 255:
+                    break
+        out += ml + 4
+        if out > expected - 5:
+            return pos + 1
+
+
 _kernels: dict[str, Any] = {}
 
 
@@ -97,7 +149,7 @@ def _kernel(name: str) -> Any:
         path = os.path.join(os.path.dirname(__file__), "kernels", "checksums.cu")
         with open(path) as f:
             module = cupy.RawModule(code=f.read())
-        for k in ("xxh64_streams", "crc32_segments", "adler32_segments", "stream_ends"):
+        for k in ("xxh64_streams", "crc32_segments", "adler32_segments", "stream_ends", "lz4_walk"):
             _kernels[k] = module.get_function(k)
     return _kernels[name]
 
@@ -150,6 +202,26 @@ def compute(kind: str, ptrs: np.ndarray, lens: np.ndarray) -> np.ndarray:
         b = (lens.astype(np.uint64) + s[:, 1]) % _ADLER_MOD
         return b << np.uint64(16) | a
     raise ValueError(f"unknown checksum {kind!r}")
+
+
+def lz4_check(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """:func:`lz4_walk_host` of LZ4 blocks on the device (addresses, stored and decoded
+    lengths): one status per block on the host, 0 where the block is sound."""
+    import cupy
+
+    count = len(ptrs)
+    if count == 0:
+        return np.zeros(0, np.int64)
+    status = cupy.empty(count, dtype=cupy.int64)
+    args = (
+        cupy.asarray(np.asarray(ptrs, dtype=np.uint64)),
+        cupy.asarray(np.asarray(lens, dtype=np.int64)),
+        cupy.asarray(np.asarray(want, dtype=np.int64)),
+        status,
+        np.int32(count),
+    )
+    _kernel("lz4_walk")(((count + 127) // 128,), (128,), args)
+    return status.get()
 
 
 def stored(algo: str, ends: np.ndarray) -> tuple[str | None, np.ndarray, np.ndarray]:

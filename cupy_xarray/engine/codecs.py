@@ -21,6 +21,7 @@ lz4       4-byte LE size + LZ4 block          ``LZ4`` (block)
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import threading
 import zlib
@@ -45,6 +46,42 @@ class DecodeFailure(Exception):
 
 class FramingError(ValueError):
     """A stream is too short to hold its codec's framing."""
+
+
+DECODE_CHOICES = ("auto", "gpu", "cpu")
+
+
+def decode_choice(value: str | None = None) -> str:
+    """The ``decode=`` choice: the argument, else ``CUPY_XARRAY_DECODE``, else ``"auto"``."""
+    choice = value if value is not None else os.environ.get("CUPY_XARRAY_DECODE", "auto")
+    if choice not in DECODE_CHOICES:
+        raise ValueError(
+            f"decode must be 'auto', 'gpu' or 'cpu', got {choice!r} (from "
+            + ("the decode= argument" if value is not None else "CUPY_XARRAY_DECODE")
+            + ")"
+        )
+    return choice
+
+
+def decodes_on_gpu(algo: str, decode: str = "auto", proven: bool = False) -> bool:
+    """Whether a GPU read hands ``algo``'s streams to nvCOMP (else: CPU threads, then a copy).
+
+    ``decode="auto"`` gives nvCOMP the streams it decodes safely after the engine's checks:
+    gzip and zlib (a status and size per stream, then their CRC-32 / Adler-32 on the GPU),
+    Blosc's LZ4 blocks (their structure walked on the GPU first). nvCOMP's zstd decoder
+    checks nothing: damaged frames decode to garbage, fault the GPU or never finish, so zstd
+    frames go to nvCOMP only when ``proven`` (their stored bytes passed a crc32c check)
+    and otherwise to libzstd on CPU threads. numcodecs' LZ4 (one block per chunk) decodes
+    faster with liblz4 on CPU threads than on the GPU. ``"gpu"`` hands nvCOMP everything
+    (for stores you trust: the fastest), ``"cpu"`` nothing.
+    """
+    if decode == "cpu":
+        return False
+    if decode == "gpu":
+        return True
+    if algo in ("gzip", "zlib", "lz4-block"):
+        return True
+    return algo == "zstd" and proven
 
 
 _MIN_LEN = {"zstd": 1, "gzip": 18, "zlib": 7, "lz4": 5, "lz4-block": 1}
@@ -254,6 +291,43 @@ def _size_failure(algo: str, i: int, got: int, expected: int) -> DecodeFailure:
     return DecodeFailure(i, f"{algo} stream decoded to {got} bytes, expected {expected}")
 
 
+def host_threads() -> int:
+    """CPU threads that decode for a GPU read (``CUPY_XARRAY_DECODE_THREADS``; default: cores)."""
+    return max(1, int(os.environ.get("CUPY_XARRAY_DECODE_THREADS", 0)) or min(32, os.cpu_count() or 4))
+
+
+def host_copies(srcs: list[Any]) -> list[np.ndarray]:
+    """Host copies of device streams, in one copy where they are views of one buffer."""
+    base = srcs[0].base if srcs else None
+    if base is None or not base.flags.c_contiguous or any(s.base is not base for s in srcs):
+        return [s.get() for s in srcs]
+    flat = base.reshape(-1).view(np.uint8)
+    offs = [s.data.ptr - flat.data.ptr for s in srcs]
+    lo, hi = min(offs), max(o + s.size for o, s in zip(offs, srcs))
+    host = flat[lo:hi].get()
+    return [host[o - lo : o - lo + s.size] for o, s in zip(offs, srcs)]
+
+
+def pinned_buffer(nbytes: int) -> np.ndarray:
+    """Page-locked host memory (cupy's pinned pool): copies from it to the GPU run at full speed."""
+    import cupyx
+
+    return cupyx.empty_pinned((max(nbytes, 1),), dtype=np.uint8)
+
+
+def to_device(pinned: np.ndarray, slots: np.ndarray, sizes: np.ndarray, outs: list[Any]) -> None:
+    """Copy ``sizes[i]`` bytes at ``slots[i]`` of a pinned buffer into device buffer ``outs[i]``;
+    returns once the copies are done (the pinned buffer may then be reused)."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    rt = cupy.cuda.runtime
+    base = pinned.ctypes.data
+    for o, p, n in zip(outs, slots.tolist(), sizes.tolist()):
+        rt.memcpyAsync(o.data.ptr, base + p, n, rt.memcpyHostToDevice, stream.ptr)
+    stream.synchronize()
+
+
 class CPUCodecs:
     """Decode on the host: zlib for gzip/zlib, numcodecs (libzstd, liblz4) for zstd and LZ4.
 
@@ -267,12 +341,25 @@ class CPUCodecs:
     def __init__(self) -> None:
         self.threads = 4
 
+    @classmethod
+    def with_threads(cls, threads: int) -> CPUCodecs:
+        codecs = cls()
+        codecs.threads = threads
+        return codecs
+
     def decode(
-        self, algo: str, srcs: list[np.ndarray], expected: list[int], into: list[Any] | None = None
+        self,
+        algo: str,
+        srcs: list[np.ndarray],
+        expected: list[int],
+        into: list[Any] | None = None,
+        decode: str = "auto",
+        proven: bool = False,
     ) -> Decoded:
         """Decode every stream; ``into`` optionally gives, per stream, the buffer of exactly
         ``expected[i]`` bytes to decode into (``None``: a new buffer). Raises DecodeFailure
-        naming the first stream that does not decode to exactly its expected size."""
+        naming the first stream that does not decode to exactly its expected size.
+        (``decode`` and ``proven``: see :func:`decodes_on_gpu`; on the CPU all is decoded here.)"""
 
         def one(i: int) -> np.ndarray:
             target = None if into is None else into[i]
@@ -383,8 +470,24 @@ class GPUCodecs:
                 outs[i] = scratch[p : p + n]
         return outs, scratch
 
+    def _decode_on_host(self, algo: str, srcs: list[Any], expected: list[int], into) -> Decoded:
+        """CPU threads decode (and check) the streams into pinned memory; one copy each to the
+        device."""
+
+        sizes = np.asarray(expected, dtype=np.int64)
+        slots, total = aligned_slots(sizes)
+        pinned = pinned_buffer(total)
+        views = [pinned[p : p + n] for p, n in zip(slots.tolist(), sizes.tolist())]
+        CPUCodecs.with_threads(host_threads()).decode(algo, host_copies(srcs), expected, views)
+        outs, scratch = self._outputs(expected, into, 16)
+        to_device(pinned, slots, sizes, outs)
+        decoded = Decoded(outs)
+        decoded.owner = scratch
+        return decoded
+
     def _decode_c(self, batched: Any, algo: str, raw: list[Any], expected: list[int], into) -> Decoded:
-        """One call of nvCOMP's C API; every stream's status and size checked."""
+        """One call of nvCOMP's C API; every stream's status and size checked (LZ4 blocks'
+        structure before the call)."""
         import cupy
 
         from .nvcomp_api import status_text
@@ -401,9 +504,15 @@ class GPUCodecs:
                 packed[p : p + raw[i].size] = raw[i]
                 ptrs[i] = packed.data.ptr + p
             keep.append(packed)
+        want = np.asarray(expected, dtype=np.uint64)
+        if algo in ("lz4", "lz4-block"):
+            from .checksums import lz4_check
+
+            bad = np.flatnonzero(lz4_check(ptrs, lens, want.astype(np.int64)))
+            if len(bad):
+                raise DecodeFailure(int(bad[0]), f"{algo} block is malformed or truncated")
         outs, scratch = self._outputs(expected, into, batched.output_alignment)
         dst = np.array([o.data.ptr for o in outs], dtype=np.uint64)
-        want = np.asarray(expected, dtype=np.uint64)
         sizes, status = batched.decode(ptrs, lens, dst, want)
         bad = np.flatnonzero((status != 0) | (sizes != want.astype(np.int64)))
         if len(bad):
@@ -460,9 +569,18 @@ class GPUCodecs:
         return result
 
     def decode(
-        self, algo: str, srcs: list[Any], expected: list[int], into: list[Any] | None = None
+        self,
+        algo: str,
+        srcs: list[Any],
+        expected: list[int],
+        into: list[Any] | None = None,
+        decode: str = "auto",
+        proven: bool = False,
     ) -> Decoded:
-        """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`)."""
+        """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`), with nvCOMP
+        or on CPU threads as :func:`decodes_on_gpu` says."""
+        if not decodes_on_gpu(algo, decode, proven):
+            return self._decode_on_host(algo, srcs, expected, into)
         if self._nvcomp is None:
             import cupy
 

@@ -27,6 +27,8 @@ from .codecs import (
     DecodeFailure,
     check_frame,
     crc32c_strip,
+    decode_choice,
+    decodes_on_gpu,
     zstd_frame_length,
     zstd_frame_lengths,
 )
@@ -271,7 +273,7 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
     return session.submit(ops), staging
 
 
-def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
+def _decode_group(tasks: list[_Task], device: Device, clock: _Clock, decode: str) -> None:
     """Run one recipe's byte codecs over a group of staged tasks, in batched calls."""
     recipe = tasks[0].spec.recipe
     xp = device.xp
@@ -287,13 +289,16 @@ def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
         expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
         last = i == len(codecs) - 1
         if name.startswith("blosc-"):
-            _decode_blosc(tasks, name[len("blosc-") :], expected, device, clock, last)
+            _decode_blosc(tasks, name[len("blosc-") :], expected, device, clock, last, decode)
             continue
+        proven = "crc32c" in codecs[:i]  # the stored bytes passed a checksum before decoding
         _check_frames(tasks, name, expected, device)
         clock.lap("decode prep")
         into = [t.target for t in tasks] if last and any(t.target is not None for t in tasks) else None
         try:
-            decoded = device.codecs.decode(name, [t.data for t in tasks], [expected] * len(tasks), into)
+            decoded = device.codecs.decode(
+                name, [t.data for t in tasks], [expected] * len(tasks), into, decode=decode, proven=proven
+            )
         except DecodeFailure as exc:
             raise tasks[exc.index].error(f"{exc} (corrupt chunk)") from exc
         except DecodeTimeout as exc:
@@ -308,7 +313,7 @@ def _decode_group(tasks: list[_Task], device: Device, clock: _Clock) -> None:
 
 
 def _decode_blosc(
-    tasks: list[_Task], cname: str, expected: int, device: Device, clock: _Clock, last: bool
+    tasks: list[_Task], cname: str, expected: int, device: Device, clock: _Clock, last: bool, decode: str
 ) -> None:
     """Blosc chunks: structure checked on the host, streams decoded in batches, blocks unshuffled."""
     xp = device.xp
@@ -330,9 +335,14 @@ def _decode_blosc(
         lay = blosc.layout(read_u32, starts, lengths, expected, cname)
         clock.lap("blosc layout")
         targets = [t.target for t in tasks] if last else None
-        owners, views = blosc.decode_chunks(buffer, lay, len(tasks), expected, device, clock.lap, targets)
+        if device.name == "gpu" and not decodes_on_gpu(blosc.STREAMS[cname], decode):
+            owners, views = blosc.decode_chunks_on_host([t.data for t in tasks], expected, device, targets)
+        else:
+            owners, views = blosc.decode_chunks(buffer, lay, len(tasks), expected, device, clock.lap, targets)
     except blosc.BloscLayoutError as exc:
         raise tasks[exc.index].error(str(exc)) from exc
+    except DecodeTimeout as exc:
+        raise tasks[0].error(f"{exc} (a batch of {len(tasks)} chunks from this one)") from exc
     for t, v in zip(tasks, views):
         t.data = v
         t.landed = last and t.target is not None
@@ -382,7 +392,7 @@ def _copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, device: Devi
         out.reshape(-1).view(np.uint8)[dst : dst + n] = src[src_off : src_off + n]
 
 
-def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock) -> None:
+def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decode: str) -> None:
     staged = [t for t in batch if t.direct is None]
     groups: dict[int, list[_Task]] = {}
     for t in staged:
@@ -390,7 +400,7 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock) -> No
     xp = device.xp
     for group in groups.values():
         if group[0].spec.recipe.bytes_codecs:
-            _decode_group(group, device, clock)
+            _decode_group(group, device, clock, decode)
         for t in group:
             if t.landed:
                 continue
@@ -508,6 +518,7 @@ def read_arrays(
     *,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     progress: bool = False,
+    decode: str | None = None,
 ) -> list[Any]:
     """Read selections of many arrays in one go.
 
@@ -521,6 +532,11 @@ def read_arrays(
         Bytes read (and decoded) per batch; bounds the memory used beside the outputs.
     progress
         Show a progress bar (tqdm) over the bytes read.
+    decode
+        Where a GPU read decodes compressed chunks: ``"auto"`` (nvCOMP for the streams it
+        decodes safely, CPU threads for the others), ``"gpu"`` (nvCOMP for all: for stores
+        you trust) or ``"cpu"``; default ``CUPY_XARRAY_DECODE`` or ``"auto"``
+        (:func:`~cupy_xarray.engine.codecs.decodes_on_gpu`). The values are the same.
 
     Returns
     -------
@@ -535,7 +551,7 @@ def read_arrays(
         The outputs do not fit in free memory (checked before anything is allocated).
     """
     try:
-        return _read_arrays(requests, device, batch_bytes, progress)
+        return _read_arrays(requests, device, batch_bytes, progress, decode_choice(decode))
     except BaseException as exc:
         # the traceback keeps every frame below alive, and with them device buffers: clear
         # their locals so a failed read gives its GPU memory back at once
@@ -553,7 +569,7 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
 
 
-def _read_arrays(requests, device, batch_bytes, progress) -> list[Any]:
+def _read_arrays(requests, device, batch_bytes, progress, decode) -> list[Any]:
     normalized = [(spec, normalize_selection(sel, spec.shape)) for spec, sel in requests]
     if isinstance(device, Device):
         check_memory(normalized, device, batch_bytes)
@@ -601,7 +617,7 @@ def _read_arrays(requests, device, batch_bytes, progress) -> list[Any]:
                     waiter, _staging = pending.pop(0)
                     waiter.wait()
                     clock.lap("io wait")
-                    _finish(batch, outs, device, clock)
+                    _finish(batch, outs, device, clock, decode)
                     device.synchronize()  # staging memory is reused by the next batch's reads
                     clock.lap("sync")
                     if bar is not None:

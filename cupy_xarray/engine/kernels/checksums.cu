@@ -225,3 +225,59 @@ extern "C" __global__ void stream_ends(const unsigned long long* ptrs, const lon
     out[16 * i + 8 + k] = j >= 0 ? p[j] : 0;
   }
 }
+
+/* ---------------------------------------------------------------- LZ4 block structure */
+/* status[i] = 0 when stream i is an LZ4 block that decodes to exactly want[i] bytes under the
+   rules liblz4's LZ4_decompress_safe enforces (every length inside the input, every match
+   offset inside the output so far, a match never ending within 5 bytes of the end, the block
+   ending on literals), else 1 + the input position where it fails. nvCOMP's LZ4 decoder
+   checks none of this: a truncated block decodes to garbage of the right size. Only the
+   lengths are read (literals are skipped), one thread per stream. */
+extern "C" __global__ void lz4_walk(const unsigned long long* ptrs, const long long* lens,
+                                    const long long* want, long long* status, int count) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const unsigned char* p = (const unsigned char*)ptrs[i];
+  long long n = lens[i], expected = want[i];
+  long long pos = 0, out = 0;
+  long long bad = 0;
+  while (true) {
+    if (pos >= n) { bad = pos + 1; break; }
+    unsigned int token = p[pos++];
+    long long lit = token >> 4;
+    if (lit == 15) {
+      unsigned int b;
+      do {
+        if (pos >= n) { bad = pos + 1; break; }
+        b = p[pos++];
+        lit += b;
+      } while (b == 255);
+      if (bad) break;
+    }
+    long long cpy = out + lit;
+    if (lit > n - pos || cpy > expected) { bad = pos + 1; break; }
+    if (cpy > expected - 12 || pos + lit > n - 8) {  /* necessarily the last sequence */
+      if (pos + lit != n || cpy != expected) bad = pos + 1;
+      break;
+    }
+    pos += lit;
+    out = cpy;
+    if (n - pos < 2) { bad = pos + 1; break; }
+    long long offset = (long long)p[pos] | ((long long)p[pos + 1] << 8);
+    pos += 2;
+    if (offset == 0 || offset > out) { bad = pos - 1; break; }
+    long long ml = token & 15;
+    if (ml == 15) {
+      unsigned int b;
+      do {
+        if (pos >= n) { bad = pos + 1; break; }
+        b = p[pos++];
+        ml += b;
+      } while (b == 255);
+      if (bad) break;
+    }
+    out += ml + 4;
+    if (out > expected - 5) { bad = pos + 1; break; }
+  }
+  status[i] = bad;
+}
