@@ -196,6 +196,16 @@ def _v2_members(doc: Any) -> list[str]:
     )
 
 
+def _declared_chunk_shape(meta: Any) -> tuple[int, ...] | None:
+    """The chunk shape the metadata document declares (a regular grid's), as written."""
+    try:
+        doc = meta.to_dict()
+        shape = doc["chunks"] if meta.zarr_format == 2 else doc["chunk_grid"]["configuration"]["chunk_shape"]
+        return tuple(int(c) for c in shape)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+
+
 def check_array(array: Any, name: str, containment: Containment | None) -> None:
     """Refuse an array whose key, chunk key encoding or sizes are unsafe (before any allocation)."""
     where = f"array {name!r}"
@@ -218,6 +228,13 @@ def check_array(array: Any, name: str, containment: Containment | None) -> None:
     shape = tuple(int(s) for s in array.shape)
     if any(s < 0 for s in shape) or math.prod(shape) * itemsize >= 2**63:
         raise UnsafeStoreError(f"{where}: shape {shape} overflows 64-bit sizes (corrupt metadata?)", key=name)
+    declared = _declared_chunk_shape(meta)
+    if declared is not None and any(c <= 0 for c in declared):
+        raise UnsafeStoreError(
+            f"{where}: chunk shape {declared} has a length of 0 or less (corrupt metadata: every chunk "
+            "length must be at least 1)",
+            key=name,
+        )
     try:
         chunks = tuple(int(c) for c in array.chunks)
     except (NotImplementedError, TypeError):
