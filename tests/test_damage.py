@@ -492,8 +492,12 @@ def test_every_decode_choice_reads_the_same(tmp_path, layout):
     for choice in ("auto", "gpu", "cpu"):
         got = host(_read_choice(path, choice))
         np.testing.assert_array_equal(got, ref)
+    fmt, kw = damage._layouts()[layout]
+    store = tmp_path / "ds.zarr"
+    enc = {"a": {"chunks": (32, 32), **kw}}
+    xr.Dataset({"a": (("y", "x"), ref)}).to_zarr(store, zarr_format=fmt, consolidated=False, encoding=enc)
     ds = {
-        c: xr.open_dataset(path, engine="kvikio", decode=c, consolidated=False)
+        c: xr.open_dataset(store, engine="kvikio", decode=c, consolidated=False)
         for c in ("auto", "gpu", "cpu")
     }
     for c, d in ds.items():
