@@ -225,6 +225,15 @@ def test_chunk_shape_with_zero_is_refused_at_open(tmp_path, device, fmt):
     else:
         meta["chunks"] = [0]
     meta_path.write_text(json.dumps(meta))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        repaired = zarr.open_array(str(store / "a")).chunks
+    if 0 not in repaired:  # zarr >= 3.4 reads a chunk length of 0 as 1 (with a warning): so do we
+        ds = xr.open_dataset(store, engine="kvikio", device=device, consolidated=False)
+        np.testing.assert_array_equal(host(ds.a.data), np.asarray(zarr.open_array(str(store / "a"))[:]))
+        return
     with pytest.raises(UnsafeStoreError, match=r"array 'a'.*chunk shape \(0,\)"):
         xr.open_dataset(store, engine="kvikio", device=device, consolidated=False)
 
@@ -501,7 +510,7 @@ def test_every_decode_choice_reads_the_same(tmp_path, layout):
         for c in ("auto", "gpu", "cpu")
     }
     for c, d in ds.items():
-        np.testing.assert_array_equal(host(d.a[5:70, 3:99].values), ref[5:70, 3:99], err_msg=c)
+        np.testing.assert_array_equal(host(d.a[5:70, 3:99].data), ref[5:70, 3:99], err_msg=c)
         np.testing.assert_array_equal(host(d.a.chunk({}).data.compute()), ref, err_msg=c)
     errors = run_in_threads(
         lambda k: np.testing.assert_array_equal(host(_read_choice(path, ("auto", "gpu", "cpu")[k % 3])), ref),
