@@ -83,12 +83,20 @@ def _one_chunk_store(path, fmt, compressor, data):
     return chunk
 
 
-def _read(path, device):
+def _read(path, device, choice=None):
     from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import array_spec, read_arrays
 
     spec = array_spec(zarr.open_array(str(path), mode="r"), name="a")
-    return read_arrays([(spec, (slice(None),) * len(spec.shape))], resolve_device(device))[0]
+    return read_arrays([(spec, (slice(None),) * len(spec.shape))], resolve_device(device), decode=choice)[0]
+
+
+CHOICES = pytest.mark.parametrize("choice", ["auto", "gpu", "cpu"])
+
+
+def _one_choice_on_cpu(device, choice):
+    if device == "cpu" and choice != "auto":
+        pytest.skip("decode= chooses where a GPU read decodes; a CPU read decodes on the CPU")
 
 
 def _flip(path, pos, bit=0):
@@ -104,37 +112,43 @@ def _smooth(n=4096):
 V3_ZSTD_CHECKSUM = [zarr.codecs.ZstdCodec(level=3, checksum=True)]
 
 
+@CHOICES
 @pytest.mark.parametrize("fmt", [2, 3])
-def test_zstd_content_checksum_is_verified(tmp_path, device, fmt):
+def test_zstd_content_checksum_is_verified(tmp_path, device, fmt, choice):
+    _one_choice_on_cpu(device, choice)
     comp = numcodecs.Zstd(level=3, checksum=True) if fmt == 2 else V3_ZSTD_CHECKSUM
     store = tmp_path / "s.zarr"
     chunk = _one_chunk_store(store, fmt, comp, _smooth())
-    np.testing.assert_array_equal(host(_read(store, device)), _smooth())
+    np.testing.assert_array_equal(host(_read(store, device, choice)), _smooth())
     # a literal byte in the middle of the frame: still a valid frame, wrong content
     _flip(chunk, len(open(chunk, "rb").read()) // 2, 3)
     with pytest.raises(Exception):  # noqa: B017 - zarr-python refuses it too
         zarr.open_array(str(store))[:]
     with pytest.raises(ChunkError, match=r"chunk '(c/)?0'.*(checksum|zstd)"):
-        _read(store, device)
+        _read(store, device, choice)
 
 
+@CHOICES
 @pytest.mark.parametrize("fmt", [2, 3])
-def test_gzip_crc32_is_verified(tmp_path, device, fmt):
+def test_gzip_crc32_is_verified(tmp_path, device, fmt, choice):
+    _one_choice_on_cpu(device, choice)
     comp = numcodecs.GZip(level=1) if fmt == 2 else [zarr.codecs.GzipCodec(level=1)]
     store = tmp_path / "s.zarr"
     chunk = _one_chunk_store(store, fmt, comp, _smooth())
     _flip(chunk, -8)  # the CRC-32 itself: the body still decodes, to the right size
     with pytest.raises(ChunkError, match="(CRC|crc|check)"):
-        _read(store, device)
+        _read(store, device, choice)
     _flip(chunk, -8)
-    np.testing.assert_array_equal(host(_read(store, device)), _smooth())
+    np.testing.assert_array_equal(host(_read(store, device, choice)), _smooth())
     _flip(chunk, 40, 2)  # inside the deflate body
     with pytest.raises(ChunkError):
-        _read(store, device)
+        _read(store, device, choice)
 
 
+@CHOICES
 @pytest.mark.parametrize("fmt", [2, 3])
-def test_zlib_adler32_is_verified(tmp_path, device, fmt):
+def test_zlib_adler32_is_verified(tmp_path, device, fmt, choice):
+    _one_choice_on_cpu(device, choice)
     """The minimal case: Zlib(level=0), 12 float32 values, one bit of byte 11 flipped."""
     comp = numcodecs.Zlib(level=0) if fmt == 2 else [zarr.codecs.numcodecs.Zlib(level=0)]
     store = tmp_path / "s.zarr"
@@ -144,18 +158,20 @@ def test_zlib_adler32_is_verified(tmp_path, device, fmt):
     with pytest.raises(Exception, match="incorrect data check"):
         zarr.open_array(str(store))[:]
     with pytest.raises(ChunkError, match="(Adler|incorrect data check)"):
-        _read(store, device)
+        _read(store, device, choice)
 
 
+@CHOICES
 @pytest.mark.parametrize("fmt", [2, 3])
-def test_lz4_truncated_to_half(tmp_path, device, fmt):
+def test_lz4_truncated_to_half(tmp_path, device, fmt, choice):
+    _one_choice_on_cpu(device, choice)
     comp = numcodecs.LZ4() if fmt == 2 else [zarr.codecs.numcodecs.LZ4()]
     store = tmp_path / "s.zarr"
     chunk = _one_chunk_store(store, fmt, comp, np.random.default_rng(0).random(4096).astype("float32"))
     raw = open(chunk, "rb").read()
     open(chunk, "wb").write(raw[: len(raw) // 2])
     with pytest.raises(ChunkError, match="lz4"):
-        _read(store, device)
+        _read(store, device, choice)
 
 
 def _bomb(kind: str, size: int) -> bytes:
@@ -279,9 +295,11 @@ def _blosc_store(path, fmt, shuffle):
     return data
 
 
+@CHOICES
 @pytest.mark.parametrize("fmt", [2, 3])
 @pytest.mark.parametrize("shuffle", [0, 1, 2])
-def test_padded_blosc_chunks_are_read(tmp_path, device, fmt, shuffle):
+def test_padded_blosc_chunks_are_read(tmp_path, device, fmt, shuffle, choice):
+    _one_choice_on_cpu(device, choice)
     """Writers such as z5py leave bytes after a Blosc chunk's cbytes; c-blosc ignores them."""
     import damage
 
@@ -291,13 +309,13 @@ def test_padded_blosc_chunks_are_read(tmp_path, device, fmt, shuffle):
         with open(f, "ab") as fh:
             fh.write(b"\x00" * 16)
     np.testing.assert_array_equal(np.asarray(zarr.open_array(str(store))[:]), data)
-    np.testing.assert_array_equal(host(_read(store, device)), data)
+    np.testing.assert_array_equal(host(_read(store, device, choice)), data)
     # shorter than cbytes is still refused
     f = damage.chunk_files(str(store))[0]
     raw = open(f, "rb").read()
     open(f, "wb").write(raw[: len(raw) - 40])
     with pytest.raises(ChunkError, match="Blosc header declares"):
-        _read(store, device)
+        _read(store, device, choice)
 
 
 # ---------------------------------------------------------------- checksum arithmetic
