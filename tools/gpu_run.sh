@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything that needs the GPU machine, in one go (see ../shared/gpu/README.md for the wheels):
-# the GPU tests (broken-input ones in their own process), the random parity run, the example
-# notebooks executed with their outputs stored, `info`, and the multi-GPU benchmark.
+# the GPU tests (broken-input ones in their own process; the damage campaign runs its cases in
+# child processes), the random parity run, the example notebooks executed with their outputs
+# stored, `info`, the decode/checksum benchmark (DECODE_GIB=1) and the multi-GPU benchmark.
 # Usage on the GPU machine:  OUT=/some/dir bash tools/gpu_run.sh [size-GiB for multi_gpu.py]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,11 @@ timeout 240 python3 -m pytest -q -m gpu tests --ignore tests/test_random_parity.
 timeout 60 python3 -m pytest -q -m gpu tests -k "$K" -p no:cacheprovider -W ignore > "$OUT/gpu_broken.log" 2>&1
 CUPY_XARRAY_EXAMPLES=${EXAMPLES:-2000} timeout 150 python3 -m pytest -q -m gpu tests/test_random_parity.py \
   --hypothesis-show-statistics -p no:cacheprovider -W ignore > "$OUT/gpu_random.log" 2>&1
+if [ -n "${DECODE_GIB:-}" ]; then
+  timeout 300 python3 benchmarks/read_throughput.py --dir /tmp/bench --size-gib "$DECODE_GIB" --repeat 3 \
+    --stores zstd,zstd-checksum,gzip,zlib,lz4,blosc-lz4,blosc-zstd \
+    --paths "kvikio engine,engine decode=gpu,zarr GPU mode" --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1
+fi
 timeout 400 python3 tools/run_notebooks.py "$OUT/notebooks" > "$OUT/notebooks.log" 2>&1
 if [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
   timeout 300 python3 benchmarks/multi_gpu.py --dir /tmp/bench --size-gib "${1:-24}" --repeat 3 \

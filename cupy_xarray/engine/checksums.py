@@ -92,6 +92,21 @@ def adler32_segmented(data: bytes) -> int:
     return ((n + sb) % _ADLER_MOD) << 16 | (1 + sa) % _ADLER_MOD
 
 
+def _lz4_length(p: bytes, pos: int, value: int) -> tuple[int, int] | None:
+    """An LZ4 length whose 4-bit field is ``value``, continued by bytes of 255 from ``pos``:
+    (length, next position), or None when the input ends first."""
+    if value != 15:
+        return value, pos
+    while True:
+        if pos >= len(p):
+            return None
+        b = p[pos]
+        pos += 1
+        value += b
+        if b != 255:
+            return value, pos
+
+
 def lz4_walk_host(block: bytes, expected: int) -> int:
     """0 when ``block`` is an LZ4 block that decodes to exactly ``expected`` bytes (liblz4's
     safe-decoder rules), else 1 + the position where it fails; the ``lz4_walk`` kernel's twin."""
@@ -100,17 +115,10 @@ def lz4_walk_host(block: bytes, expected: int) -> int:
         if pos >= n:
             return pos + 1
         token = p[pos]
-        pos += 1
-        lit = token >> 4
-        if lit == 15:
-            while True:
-                if pos >= n:
-                    return pos + 1
-                b = p[pos]
-                pos += 1
-                lit += b
-                if b != 255:
-                    break
+        got = _lz4_length(p, pos + 1, token >> 4)
+        if got is None:
+            return n + 1
+        lit, pos = got
         cpy = out + lit
         if lit > n - pos or cpy > expected:
             return pos + 1
@@ -124,16 +132,10 @@ def lz4_walk_host(block: bytes, expected: int) -> int:
         pos += 2
         if offset == 0 or offset > out:
             return pos - 1
-        ml = token & 15
-        if ml == 15:
-            while True:
-                if pos >= n:
-                    return pos + 1
-                b = p[pos]
-                pos += 1
-                ml += b
-                if b != 255:
-                    break
+        got = _lz4_length(p, pos, token & 15)
+        if got is None:
+            return n + 1
+        ml, pos = got
         out += ml + 4
         if out > expected - 5:
             return pos + 1

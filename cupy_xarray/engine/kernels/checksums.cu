@@ -233,6 +233,19 @@ extern "C" __global__ void stream_ends(const unsigned long long* ptrs, const lon
    ending on literals), else 1 + the input position where it fails. nvCOMP's LZ4 decoder
    checks none of this: a truncated block decodes to garbage of the right size. Only the
    lengths are read (literals are skipped), one thread per stream. */
+/* an LZ4 length whose 4-bit field is value, continued by bytes of 255 at *pos; -1 when the
+   input ends first */
+__device__ long long lz4_length(const unsigned char* p, long long n, long long* pos, long long value) {
+  if (value != 15) return value;
+  unsigned int b;
+  do {
+    if (*pos >= n) return -1;
+    b = p[(*pos)++];
+    value += b;
+  } while (b == 255);
+  return value;
+}
+
 extern "C" __global__ void lz4_walk(const unsigned long long* ptrs, const long long* lens,
                                     const long long* want, long long* status, int count) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -244,16 +257,8 @@ extern "C" __global__ void lz4_walk(const unsigned long long* ptrs, const long l
   while (true) {
     if (pos >= n) { bad = pos + 1; break; }
     unsigned int token = p[pos++];
-    long long lit = token >> 4;
-    if (lit == 15) {
-      unsigned int b;
-      do {
-        if (pos >= n) { bad = pos + 1; break; }
-        b = p[pos++];
-        lit += b;
-      } while (b == 255);
-      if (bad) break;
-    }
+    long long lit = lz4_length(p, n, &pos, token >> 4);
+    if (lit < 0) { bad = n + 1; break; }
     long long cpy = out + lit;
     if (lit > n - pos || cpy > expected) { bad = pos + 1; break; }
     if (cpy > expected - 12 || pos + lit > n - 8) {  /* necessarily the last sequence */
@@ -266,16 +271,8 @@ extern "C" __global__ void lz4_walk(const unsigned long long* ptrs, const long l
     long long offset = (long long)p[pos] | ((long long)p[pos + 1] << 8);
     pos += 2;
     if (offset == 0 || offset > out) { bad = pos - 1; break; }
-    long long ml = token & 15;
-    if (ml == 15) {
-      unsigned int b;
-      do {
-        if (pos >= n) { bad = pos + 1; break; }
-        b = p[pos++];
-        ml += b;
-      } while (b == 255);
-      if (bad) break;
-    }
+    long long ml = lz4_length(p, n, &pos, token & 15);
+    if (ml < 0) { bad = n + 1; break; }
     out += ml + 4;
     if (out > expected - 5) { bad = pos + 1; break; }
   }
