@@ -110,14 +110,23 @@ extern "C" __global__ void xxh64_streams(const unsigned long long* ptrs, const l
 }
 
 /* ---------------------------------------------------------------- segments of streams */
-/* the stream holding global segment g: seg_first[i] is stream i's first segment */
-__device__ __forceinline__ int stream_of(const long long* seg_first, int count, long long g) {
+/* this thread's segment: its stream s (seg_first[i] is stream i's first segment), the stream's
+   length n and the segment's bytes [start, end); false past the last segment */
+__device__ __forceinline__ bool segment_of(const long long* seg_first, const long long* lens, int count,
+                                           long long nseg, int* s, long long* n, long long* start,
+                                           long long* end) {
+  long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= nseg) return false;
   int lo = 0, hi = count - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) >> 1;
     if (seg_first[mid] <= g) lo = mid; else hi = mid - 1;
   }
-  return lo;
+  *s = lo;
+  *n = lens[lo];
+  *start = (g - seg_first[lo]) * SEG;
+  *end = *start + SEG < *n ? *start + SEG : *n;
+  return true;
 }
 
 /* ---------------------------------------------------------------- CRC-32 */
@@ -156,12 +165,9 @@ extern "C" __global__ void crc32_segments(const unsigned long long* ptrs, const 
     table[e] = c;
   }
   __syncthreads();
-  long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (g >= nseg) return;
-  int s = stream_of(seg_first, count, g);
-  long long n = lens[s];
-  long long start = (g - seg_first[s]) * SEG;
-  long long end = start + SEG < n ? start + SEG : n;
+  int s;
+  long long n, start, end;
+  if (!segment_of(seg_first, lens, count, nseg, &s, &n, &start, &end)) return;
   const unsigned char* p = (const unsigned char*)ptrs[s] + start;
   long long len = end - start;
   unsigned int c = 0;  /* the segment's CRC without the initial and final inversion: linear */
@@ -191,12 +197,9 @@ extern "C" __global__ void crc32_segments(const unsigned long long* ptrs, const 
 extern "C" __global__ void adler32_segments(const unsigned long long* ptrs, const long long* lens,
                                             const long long* seg_first, int count, long long nseg,
                                             unsigned long long* sums) {
-  long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (g >= nseg) return;
-  int s = stream_of(seg_first, count, g);
-  long long n = lens[s];
-  long long start = (g - seg_first[s]) * SEG;
-  long long end = start + SEG < n ? start + SEG : n;
+  int s;
+  long long n, start, end;
+  if (!segment_of(seg_first, lens, count, nseg, &s, &n, &start, &end)) return;
   const unsigned char* p = (const unsigned char*)ptrs[s];
   unsigned long long a = 0, w = 0;
   for (long long j = start; j < end; ++j) {
