@@ -1,12 +1,12 @@
 """cupy-xarray: Zarr data into NVIDIA GPU memory as xarray objects.
 
-Importing the package registers the ``.cupy`` accessor on DataArray and Dataset; the
+Importing the package registers the ``.cupy`` accessor on DataArray, Dataset and DataTree; the
 ``engine="kvikio"`` backend is registered through the package's entry point.
 """
 
 from . import accessors  # noqa: F401  (registers .cupy)
 from .device import gpu_available
-from .loader import read_zarr_gds
+from .loader import read_datatree_gds, read_zarr_gds
 
 __version__ = "0.2.0"
-__all__ = ["__version__", "gpu_available", "read_zarr_gds"]
+__all__ = ["__version__", "gpu_available", "read_datatree_gds", "read_zarr_gds"]

@@ -52,7 +52,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print_info()
         return 0
-    return demo(args.device)
+    from .errors import NoGPUError
+
+    try:
+        return demo(args.device)
+    except NoGPUError as exc:  # --device gpu on a machine without one: say it in one line
+        print(f"cupy-xarray demo: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""The ``.cupy`` accessor on :class:`xarray.DataArray` and :class:`xarray.Dataset`."""
+"""The ``.cupy`` accessor on :class:`xarray.DataArray`, :class:`xarray.Dataset` and
+:class:`xarray.DataTree`, and ``as_cupy()`` on the objects themselves (as cupy-xarray 0.1 had;
+``as_numpy()`` is xarray's own)."""
 
 from __future__ import annotations
 
@@ -117,8 +119,8 @@ class CupyDatasetAccessor:
 
     @property
     def is_cupy(self) -> bool:
-        """True when every data variable is on the GPU."""
-        return all(_data_is_cupy(v.variable) for v in self._ds.data_vars.values())
+        """True when the Dataset has data variables and every one is on the GPU."""
+        return _all_cupy(self._ds.data_vars.values())
 
     def _convert(self, fn) -> xr.Dataset:
         ds = self._ds
@@ -137,3 +139,40 @@ class CupyDatasetAccessor:
     def as_numpy(self) -> xr.Dataset:
         """A new Dataset with everything in host memory."""
         return self._convert(lambda da: da.cupy.as_numpy())
+
+
+def _all_cupy(data_vars) -> bool:
+    flags = [_data_is_cupy(v.variable) for v in data_vars]
+    return bool(flags) and all(flags)
+
+
+@xr.register_datatree_accessor("cupy")
+class CupyDataTreeAccessor:
+    """GPU helpers for a DataTree: the Dataset helpers applied to every node."""
+
+    def __init__(self, tree: xr.DataTree) -> None:
+        self._tree = tree
+
+    @property
+    def is_cupy(self) -> bool:
+        """True when the tree has data variables and every one, in every node, is on the GPU."""
+        return _all_cupy(v for node in self._tree.subtree for v in node.data_vars.values())
+
+    def as_cupy(self, coords: bool = False) -> xr.DataTree:
+        """A new DataTree with every node's data variables in GPU memory."""
+        require_gpu()
+        return self._tree.map_over_datasets(lambda ds: ds.cupy.as_cupy(coords=coords))
+
+    def as_numpy(self) -> xr.DataTree:
+        """A new DataTree with everything in host memory."""
+        return self._tree.map_over_datasets(lambda ds: ds.cupy.as_numpy())
+
+
+def _as_cupy(self, coords: bool = False):
+    """This object with its data in GPU memory: the same as ``.cupy.as_cupy()``."""
+    return self.cupy.as_cupy(coords=coords)
+
+
+for _cls in (xr.DataArray, xr.Dataset, xr.DataTree):
+    if not hasattr(_cls, "as_cupy"):  # cupy-xarray 0.1's top-level method
+        _cls.as_cupy = _as_cupy

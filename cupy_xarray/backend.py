@@ -9,6 +9,7 @@ variable's lazy array for a :class:`KvikioBackendArray` that reads through
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -118,8 +119,8 @@ def _is_local_store_object(obj: Any) -> bool:
 
 
 def local_store_path(obj: Any) -> str | None:
-    """The directory behind a local store given as a path, a ``file://`` URL or a
-    ``zarr.storage.LocalStore``; None for anything else (remote URLs, other stores)."""
+    """The directory behind a local store given as a path (``~`` expanded), a ``file://`` URL
+    or a ``zarr.storage.LocalStore``; None for anything else (remote URLs, other stores)."""
     if _is_local_store_object(obj):
         return os.fspath(obj.root)
     if not isinstance(obj, str | os.PathLike):
@@ -133,32 +134,91 @@ def local_store_path(obj: Any) -> str | None:
         if url.netloc not in ("", "localhost"):
             return None
         return url2pathname(url.path)
-    return None if "://" in path else path
+    return None if "://" in path else os.path.expanduser(path)
 
 
-def _open_store(
-    path, *, group, consolidated, zarr_format, storage_options, allow_external_links=False
-) -> KvikioStore:
+_PACKAGE_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep
+    for m in (__import__("xarray"), __import__("zarr"), __import__("cupy_xarray"))
+)
+
+
+_warnings_lock = threading.Lock()
+
+
+def _user_warnings(fn, *args, **kwargs):
+    """Call ``fn``; warnings it raises are raised again at the user's line (the first frame
+    outside xarray, zarr and this package), as engine="zarr"'s point at the user's call.
+
+    ``warnings.catch_warnings`` swaps process-wide state: opens take turns through it, so
+    that two threads opening stores cannot restore each other's filters.
+    """
+    import sys
+    import warnings
+
+    with _warnings_lock, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args, **kwargs)
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIRS):
+        frame, level = frame.f_back, level + 1
+    for w in caught:
+        warnings.warn(w.message, w.category, stacklevel=level)
+    return result
+
+
+def _stores(
+    path: Any,
+    *,
+    group: str | None,
+    tree: bool,
+    consolidated: bool | None,
+    zarr_format: int | None,
+    storage_options: dict | None,
+    allow_external_links: bool,
+    use_zarr_fill_value_as_mask: bool | None,
+    cache_members: bool,
+) -> dict[str, KvikioStore]:
+    """The group's store, or with ``tree`` one store per group below it (keys: group paths)."""
     containment = None
     local = local_store_path(path)
+    if local is None and isinstance(path, str | os.PathLike) and "://" in os.fspath(path):
+        raise StoreError(
+            f"{os.fspath(path)!r}: engine='kvikio' reads local stores only, remote ones (s3://, "
+            "https://, gs://, ...) are not supported yet; read it with engine='zarr' (and "
+            "storage_options=...), or copy the store to a local disk"
+        )
+    if local is not None and storage_options:
+        raise StoreError(
+            "storage_options apply to remote stores, which engine='kvikio' does not read yet; "
+            f"{os.fspath(local)!r} is a local store: leave storage_options out"
+        )
     if local is not None:
         if not os.path.exists(local):
             raise StoreError(f"no such Zarr store: {local!r} does not exist")
         # every form of a local store gets the same containment (and the engine's reads)
         containment = Containment.for_store(local, allow_external_links)
-        containment.check_group(group)
+        if tree:
+            containment.check_hierarchy(group)
+        else:
+            containment.check_group(group)
         if not _is_local_store_object(path):
             path = local
+    options = dict(
+        mode="r",
+        consolidated=consolidated,
+        consolidate_on_close=False,
+        storage_options=storage_options,
+        zarr_format=zarr_format,
+        use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
+        cache_members=cache_members,
+    )
     try:
-        store = KvikioStore.open_group(
-            path,
-            mode="r",
-            group=group,
-            consolidated=consolidated,
-            consolidate_on_close=False,
-            storage_options=storage_options,
-            zarr_format=zarr_format,
-        )
+        if tree:
+            parent = "/" + (group or "").strip("/")
+            stores = KvikioStore.open_store(path, group=parent, **options)
+        else:
+            stores = {group or "/": KvikioStore.open_group(path, group=group, **options)}
     except StoreError:
         raise
     except Exception as exc:
@@ -167,8 +227,55 @@ def _open_store(
             f"cannot open {where}{path!r} as a Zarr store ({type(exc).__name__}: {exc}); "
             "check the path, the group and zarr_format"
         ) from exc
-    store._cupy_xarray_containment = containment
-    return store
+    for store in stores.values():
+        store._cupy_xarray_containment = containment
+    return stores
+
+
+def _read_options(device: Any, threads: Any, batch_bytes: Any, decode: str | None) -> dict:
+    """Check the engine's own options now (a wrong value fails at open, not at the first load)."""
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise ValueError(
+            f"threads must be a positive number of I/O threads, got {threads!r} (None: one per core, 4 to 32)"
+        )
+    if not isinstance(batch_bytes, int) or isinstance(batch_bytes, bool) or batch_bytes <= 0:
+        raise ValueError(
+            f"batch_bytes must be a positive number of bytes, got {batch_bytes!r} (default 2 GiB)"
+        )
+    if decode is not None:
+        decode_choice(decode)
+    if isinstance(device, str):
+        resolve_device(device, threads)  # no GPU, no cupy: say so now
+    return dict(device=device, threads=threads, batch_bytes=batch_bytes, decode=decode)
+
+
+def _dataset(store: KvikioStore, read: dict, decoding: dict):
+    """The Dataset of one store's group, its variables read through the engine."""
+    store._cupy_xarray_device = read["device"]
+    store._cupy_xarray_threads = read["threads"]
+    store._cupy_xarray_batch_bytes = read["batch_bytes"]
+    store._cupy_xarray_decode = read["decode"]
+    ds = StoreBackendEntrypoint().open_dataset(store, **decoding)
+    for name, var in ds.variables.items():
+        if name in ds.coords:
+            array = find_backend_array(var._data, KvikioBackendArray)
+            if array is not None:
+                array.device = "cpu"  # coordinates stay on the host, as in .cupy.as_cupy()
+        else:
+            var._data = device_agnostic(var._data)
+    return ds
+
+
+def _check_zarr_only(mode: str, store: Any) -> None:
+    if mode != "r":
+        raise ValueError(
+            f"engine='kvikio' only reads: mode must be 'r', got {mode!r} (write with engine='zarr')"
+        )
+    if store is not None:
+        raise ValueError(
+            "engine='kvikio' opens its own stores: pass the store (a path, a file:// URL or a "
+            "zarr.storage.LocalStore) as the first argument instead of store="
+        )
 
 
 def open_kvikio_dataset(
@@ -190,30 +297,16 @@ def open_kvikio_dataset(
     allow_external_links: bool = False,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     decode: str | None = None,
+    use_zarr_fill_value_as_mask: bool | None = None,
+    cache_members: bool = True,
+    mode: str = "r",
+    store: Any = None,
 ):
-    """Open a Zarr store lazily; variables load through the engine on ``device``."""
-    if decode is not None:
-        decode_choice(decode)  # a wrong value fails now, not at the first load
-    if not isinstance(batch_bytes, int) or isinstance(batch_bytes, bool) or batch_bytes <= 0:
-        raise ValueError(
-            f"batch_bytes must be a positive number of bytes, got {batch_bytes!r} (default 2 GiB)"
-        )
-    if isinstance(device, str):
-        resolve_device(device, threads)  # fail now (no GPU, no cupy), not at first load
-    store = _open_store(
-        filename_or_obj,
-        group=group,
-        consolidated=consolidated,
-        zarr_format=zarr_format,
-        storage_options=storage_options,
-        allow_external_links=allow_external_links,
-    )
-    store._cupy_xarray_device = device
-    store._cupy_xarray_threads = threads
-    store._cupy_xarray_batch_bytes = batch_bytes
-    store._cupy_xarray_decode = decode
-    ds = StoreBackendEntrypoint().open_dataset(
-        store,
+    """Open one group of a Zarr store lazily; variables load through the engine on ``device``
+    (the keywords of :meth:`KvikioBackendEntrypoint.open_dataset`)."""
+    _check_zarr_only(mode, store)
+    read = _read_options(device, threads, batch_bytes, decode)
+    decoding = dict(
         mask_and_scale=mask_and_scale,
         decode_times=decode_times,
         concat_characters=concat_characters,
@@ -222,29 +315,105 @@ def open_kvikio_dataset(
         use_cftime=use_cftime,
         decode_timedelta=decode_timedelta,
     )
-    for name, var in ds.variables.items():
-        if name in ds.coords:
-            array = find_backend_array(var._data, KvikioBackendArray)
-            if array is not None:
-                array.device = "cpu"  # coordinates stay on the host, as in .cupy.as_cupy()
-        else:
-            var._data = device_agnostic(var._data)
-    return ds
+
+    def build():
+        (one,) = _stores(
+            filename_or_obj,
+            group=group,
+            tree=False,
+            consolidated=consolidated,
+            zarr_format=zarr_format,
+            storage_options=storage_options,
+            allow_external_links=allow_external_links,
+            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
+            cache_members=cache_members,
+        ).values()
+        return _dataset(one, read, decoding)
+
+    return _user_warnings(build)
+
+
+def open_kvikio_groups(
+    filename_or_obj: Any,
+    *,
+    device: Any = "gpu",
+    threads: int | None = None,
+    mask_and_scale: bool = True,
+    decode_times: Any = True,
+    concat_characters: bool = True,
+    decode_coords: Any = True,
+    drop_variables: str | Iterable[str] | None = None,
+    use_cftime: bool | None = None,
+    decode_timedelta: Any = None,
+    group: str | None = None,
+    consolidated: bool | None = None,
+    zarr_format: int | None = None,
+    storage_options: dict | None = None,
+    allow_external_links: bool = False,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    decode: str | None = None,
+    use_zarr_fill_value_as_mask: bool | None = None,
+    cache_members: bool = True,
+    mode: str = "r",
+    store: Any = None,
+) -> dict[str, Any]:
+    """Every group at or below ``group``, each as a lazy Dataset (keys: paths relative to
+    ``group``, ``"/"`` for it), with the same keywords as :func:`open_kvikio_dataset`."""
+    from xarray.core.treenode import NodePath
+
+    _check_zarr_only(mode, store)
+    read = _read_options(device, threads, batch_bytes, decode)
+    decoding = dict(
+        mask_and_scale=mask_and_scale,
+        decode_times=decode_times,
+        concat_characters=concat_characters,
+        decode_coords=decode_coords,
+        drop_variables=drop_variables,
+        use_cftime=use_cftime,
+        decode_timedelta=decode_timedelta,
+    )
+    parent = "/" + (group or "").strip("/")
+
+    def build():
+        stores = _stores(
+            filename_or_obj,
+            group=group,
+            tree=True,
+            consolidated=consolidated,
+            zarr_format=zarr_format,
+            storage_options=storage_options,
+            allow_external_links=allow_external_links,
+            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
+            cache_members=cache_members,
+        )
+        return {
+            str(NodePath(path).relative_to(parent)) if group else str(NodePath(path)): _dataset(
+                s, read, decoding
+            )
+            for path, s in stores.items()
+        }
+
+    return _user_warnings(build)
 
 
 class KvikioBackendEntrypoint(BackendEntrypoint):
-    """Open Zarr stores straight into GPU memory: ``xr.open_dataset(path, engine="kvikio")``.
+    """Open Zarr stores straight into GPU memory: ``xr.open_dataset(path, engine="kvikio")``,
+    ``xr.open_datatree(path, engine="kvikio")`` and ``xr.open_groups(path, engine="kvikio")``.
 
-    Extra keywords beside the zarr engine's: ``device`` (``"gpu"`` default, ``"cpu"`` or a
-    zarr ``BufferPrototype``), ``threads`` (I/O threads), ``allow_external_links``
-    (follow symbolic links that leave the store's root; refused by default),
-    ``batch_bytes`` (memory one read's batches may hold beside its output) and ``decode``
-    (``"auto"``: nvCOMP for the streams it decodes safely, CPU threads for the others;
-    ``"gpu"``: nvCOMP for all, for stores you trust; ``"cpu"``).
+    Every keyword of xarray's zarr engine, plus ``device`` (``"gpu"`` default, ``"cpu"`` or a
+    zarr ``BufferPrototype``), ``threads`` (I/O threads), ``allow_external_links`` (follow
+    symbolic links that leave the store's root; refused by default), ``batch_bytes`` (memory
+    one read's batches may hold beside its output) and ``decode`` (``"auto"``: nvCOMP for the
+    streams it decodes safely, CPU threads for the others; ``"gpu"``: nvCOMP for all, for
+    stores you trust; ``"cpu"``).
     """
 
-    description = "Open Zarr stores into GPU memory (cupy) with kvikio and nvCOMP"
-    url = "https://github.com/xarray-contrib/cupy-xarray"
+    description = (
+        "Open Zarr stores into GPU memory (cupy) with kvikio and nvCOMP; device='cpu' for NumPy "
+        "through the same engine"
+    )
+    url = "https://github.com/xarray-contrib/cupy-xarray/blob/main/docs/engine.md"
+    supports_groups = True
     open_dataset_parameters = (
         "filename_or_obj",
         "drop_variables",
@@ -255,9 +424,14 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         "use_cftime",
         "decode_timedelta",
         "group",
+        "mode",
         "consolidated",
-        "zarr_format",
         "storage_options",
+        "zarr_format",
+        "store",
+        "engine",
+        "use_zarr_fill_value_as_mask",
+        "cache_members",
         "device",
         "threads",
         "allow_external_links",
@@ -280,15 +454,53 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         use_cftime: bool | None = None,
         decode_timedelta: Any = None,
         group: str | None = None,
+        mode: str = "r",
         consolidated: bool | None = None,
-        zarr_format: int | None = None,
         storage_options: dict | None = None,
+        zarr_format: int | None = None,
+        store: Any = None,
+        engine: Any = None,
+        use_zarr_fill_value_as_mask: bool | None = None,
+        cache_members: bool = True,
         device: Any = "gpu",
         threads: int | None = None,
         allow_external_links: bool = False,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
         decode: str | None = None,
     ):
+        """Open one group of a Zarr store lazily, its variables read by the engine.
+
+        Parameters
+        ----------
+        filename_or_obj
+            A local store: a path (``~`` is expanded), a ``file://`` URL or a
+            ``zarr.storage.LocalStore``.
+        drop_variables, mask_and_scale, decode_times, concat_characters, decode_coords
+            CF decoding, as for :func:`xarray.open_dataset`.
+        use_cftime, decode_timedelta
+            As for :func:`xarray.open_dataset`.
+        group, consolidated, zarr_format, storage_options, use_zarr_fill_value_as_mask, cache_members
+            As for xarray's zarr engine.
+        mode, store, engine
+            Accepted as the zarr engine accepts them: ``mode`` must be ``"r"`` and ``store``
+            None (this engine only reads, from stores it opens itself).
+        device
+            ``"gpu"`` (cupy output), ``"cpu"`` (NumPy, same engine) or a zarr ``BufferPrototype``.
+        threads
+            I/O threads (None: one per core, 4 to 32; ``CUPY_XARRAY_THREADS``).
+        allow_external_links
+            Follow symbolic links that resolve outside the store (refused by default).
+        batch_bytes
+            Memory one read's batches may hold beside its output (default 2 GiB).
+        decode
+            ``"auto"`` (default, or ``CUPY_XARRAY_DECODE``), ``"gpu"`` or ``"cpu"``: where a GPU
+            read decodes compressed chunks (see the engine's documentation).
+
+        Returns
+        -------
+        xarray.Dataset
+            Lazy; data variables load onto ``device``, coordinates onto the host.
+        """
         return open_kvikio_dataset(
             filename_or_obj,
             device=device,
@@ -307,9 +519,30 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
             allow_external_links=allow_external_links,
             batch_bytes=batch_bytes,
             decode=decode,
+            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
+            cache_members=cache_members,
+            mode=mode,
+            store=store,
         )
+
+    def open_groups_as_dict(self, filename_or_obj: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        """Every group at or below ``group`` as a lazy Dataset (keywords of :meth:`open_dataset`)."""
+        kwargs.pop("engine", None)
+        return open_kvikio_groups(filename_or_obj, **kwargs)
+
+    def open_datatree(self, filename_or_obj: Any, **kwargs: Any):  # type: ignore[override]
+        """The groups at or below ``group`` as a lazy DataTree (keywords of :meth:`open_dataset`)."""
+        from xarray.backends.common import datatree_from_dict_with_io_cleanup
+
+        return datatree_from_dict_with_io_cleanup(self.open_groups_as_dict(filename_or_obj, **kwargs))
 
 
 chunked.install()  # dask chunks of engine arrays keep the device's meta
 
-__all__ = ["KvikioBackendArray", "KvikioBackendEntrypoint", "KvikioStore", "open_kvikio_dataset"]
+__all__ = [
+    "KvikioBackendArray",
+    "KvikioBackendEntrypoint",
+    "KvikioStore",
+    "open_kvikio_dataset",
+    "open_kvikio_groups",
+]

@@ -157,6 +157,32 @@ class Containment:
         for key in consolidated_members(gdir):
             check_key(key, "consolidated member", f"{where} (consolidated metadata)")
 
+    def check_hierarchy(self, group: str | None) -> None:
+        """:meth:`check_group` for a group and every group below it (before zarr-python lists
+        them): arrays are not descended into."""
+        self.check_group(group)
+        gdir = os.path.join(self.root, (group or "").lstrip("/"))
+        if not os.path.isdir(gdir):
+            return
+        with os.scandir(gdir) as entries:
+            subgroups = [e.name for e in entries if e.is_dir(follow_symlinks=False) and _is_group(e.path)]
+        for name in sorted(subgroups):
+            self.check_hierarchy(_join(group, name))
+
+
+def _is_group(path: str) -> bool:
+    """A directory holding a Zarr group's metadata (v2 ``.zgroup`` or v3 ``zarr.json``)."""
+    if os.path.isfile(os.path.join(path, ".zgroup")):
+        return True
+    meta = os.path.join(path, "zarr.json")
+    if not os.path.isfile(meta) or os.path.getsize(meta) > MAX_METADATA_BYTES:
+        return False
+    try:
+        with open(meta, "rb") as f:
+            return json.loads(f.read()).get("node_type") == "group"
+    except (OSError, ValueError, AttributeError):
+        return False
+
 
 def _join(*parts: str | None) -> str:
     return "/".join(p.strip("/") for p in parts if p)

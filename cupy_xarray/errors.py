@@ -11,8 +11,9 @@ class NoGPUError(CupyXarrayError, RuntimeError):
     """A GPU read or conversion was asked for on a machine where CUDA has no device."""
 
 
-class MissingGPUPackageError(CupyXarrayError, ImportError):
-    """A GPU package (cupy, kvikio, nvCOMP) is not installed."""
+class MissingGPUPackageError(NoGPUError, ImportError):
+    """A GPU package (cupy, kvikio, nvCOMP) is not installed: no GPU can be used either, so
+    ``except NoGPUError`` catches it (and ``except ImportError``)."""
 
 
 class ChunkError(CupyXarrayError, ValueError):

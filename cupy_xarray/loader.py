@@ -1,4 +1,5 @@
-"""``read_zarr_gds``: a whole Zarr group (or some of its variables) into GPU memory, eagerly."""
+"""``read_zarr_gds``: a whole Zarr group (or some of its variables) into GPU memory, eagerly;
+``read_datatree_gds``: every group of a store, as a DataTree, the same way."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import xarray as xr
 
-from .backend import KvikioBackendArray, open_kvikio_dataset
+from .backend import KvikioBackendArray
 from .cf import find_backend_array
 from .device import resolve_device
 from .engine import read_arrays
@@ -103,13 +104,19 @@ def read_zarr_gds(
             )
         ds = xr.open_dataset(store, engine="kvikio", chunks=chunks, **options)
         return _select(ds, variables, store, group)
-    ds = open_kvikio_dataset(store, **options)
+    # through xarray's own open_dataset: it builds the indexes and sets encoding["source"]
+    ds = xr.open_dataset(store, engine="kvikio", **options)
     ds = _select(ds, variables, store, group)
     arrays = [
         a
         for name in ds.data_vars
         if (a := find_backend_array(ds[name].variable._data, KvikioBackendArray)) is not None
     ]
+    return _load_in_one_read(ds, arrays, dev, batch_bytes, progress, decode)
+
+
+def _load_in_one_read(obj, arrays, dev, batch_bytes, progress, decode):
+    """``obj.load()``, its engine arrays read beforehand by one engine call."""
     total = sum(math.prod(a.shape) * a.dtype.itemsize for a in arrays)
     if progress is None:
         progress = total > _PROGRESS_BYTES
@@ -118,14 +125,58 @@ def read_zarr_gds(
         dev,
         batch_bytes=batch_bytes,
         progress=progress,
+        decode=decode,
     )
     for a, out in zip(arrays, outs):
         a._preloaded = out
     try:
-        return ds.load()
+        return obj.load()
     finally:
         for a in arrays:
             a._preloaded = None
+
+
+def read_datatree_gds(
+    store: Any,
+    *,
+    group: str | None = None,
+    device: Any = "gpu",
+    threads: int | None = None,
+    progress: bool | None = None,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    consolidated: bool | None = None,
+    zarr_format: int | None = None,
+    allow_external_links: bool = False,
+    decode: str | None = None,
+    **decode_kwargs: Any,
+) -> xr.DataTree:
+    """Read every group of a Zarr store (or below ``group``) into GPU memory as an
+    :class:`xarray.DataTree`, all nodes' data variables in one engine call.
+
+    The keywords are :func:`read_zarr_gds`'s; the result is what
+    ``xr.open_datatree(store, engine="kvikio", ...).load()`` gives, read faster.
+    """
+    dev = resolve_device(device, threads)
+    tree = xr.open_datatree(
+        store,
+        engine="kvikio",
+        group=group,
+        device=device,
+        threads=threads,
+        consolidated=consolidated,
+        zarr_format=zarr_format,
+        allow_external_links=allow_external_links,
+        batch_bytes=batch_bytes,
+        decode=decode,
+        **decode_kwargs,
+    )
+    arrays = [
+        a
+        for node in tree.subtree
+        for var in node.to_dataset(inherit=False).data_vars.values()
+        if (a := find_backend_array(var.variable._data, KvikioBackendArray)) is not None
+    ]
+    return _load_in_one_read(tree, arrays, dev, batch_bytes, progress, decode)
 
 
 def _select(ds: xr.Dataset, variables: Any, store: Any, group: str | None) -> xr.Dataset:
