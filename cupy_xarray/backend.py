@@ -278,8 +278,7 @@ def _check_zarr_only(mode: str, store: Any) -> None:
         )
 
 
-def open_kvikio_dataset(
-    filename_or_obj: Any,
+def _prepare(
     *,
     device: Any = "gpu",
     threads: int | None = None,
@@ -301,9 +300,9 @@ def open_kvikio_dataset(
     cache_members: bool = True,
     mode: str = "r",
     store: Any = None,
-):
-    """Open one group of a Zarr store lazily; variables load through the engine on ``device``
-    (the keywords of :meth:`KvikioBackendEntrypoint.open_dataset`)."""
+) -> tuple[dict, dict, dict]:
+    """The keywords of :meth:`KvikioBackendEntrypoint.open_dataset`, checked, as (the reads'
+    options, CF decoding, opening the store)."""
     _check_zarr_only(mode, store)
     read = _read_options(device, threads, batch_bytes, decode)
     decoding = dict(
@@ -315,77 +314,41 @@ def open_kvikio_dataset(
         use_cftime=use_cftime,
         decode_timedelta=decode_timedelta,
     )
+    opening = dict(
+        group=group,
+        consolidated=consolidated,
+        zarr_format=zarr_format,
+        storage_options=storage_options,
+        allow_external_links=allow_external_links,
+        use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
+        cache_members=cache_members,
+    )
+    return read, decoding, opening
+
+
+def open_kvikio_dataset(filename_or_obj: Any, **kwargs: Any):
+    """Open one group of a Zarr store lazily; variables load through the engine (the keywords
+    of :meth:`KvikioBackendEntrypoint.open_dataset`)."""
+    read, decoding, opening = _prepare(**kwargs)
 
     def build():
-        (one,) = _stores(
-            filename_or_obj,
-            group=group,
-            tree=False,
-            consolidated=consolidated,
-            zarr_format=zarr_format,
-            storage_options=storage_options,
-            allow_external_links=allow_external_links,
-            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
-            cache_members=cache_members,
-        ).values()
+        (one,) = _stores(filename_or_obj, tree=False, **opening).values()
         return _dataset(one, read, decoding)
 
     return _user_warnings(build)
 
 
-def open_kvikio_groups(
-    filename_or_obj: Any,
-    *,
-    device: Any = "gpu",
-    threads: int | None = None,
-    mask_and_scale: bool = True,
-    decode_times: Any = True,
-    concat_characters: bool = True,
-    decode_coords: Any = True,
-    drop_variables: str | Iterable[str] | None = None,
-    use_cftime: bool | None = None,
-    decode_timedelta: Any = None,
-    group: str | None = None,
-    consolidated: bool | None = None,
-    zarr_format: int | None = None,
-    storage_options: dict | None = None,
-    allow_external_links: bool = False,
-    batch_bytes: int = DEFAULT_BATCH_BYTES,
-    decode: str | None = None,
-    use_zarr_fill_value_as_mask: bool | None = None,
-    cache_members: bool = True,
-    mode: str = "r",
-    store: Any = None,
-) -> dict[str, Any]:
+def open_kvikio_groups(filename_or_obj: Any, **kwargs: Any) -> dict[str, Any]:
     """Every group at or below ``group``, each as a lazy Dataset (keys: paths relative to
-    ``group``, ``"/"`` for it), with the same keywords as :func:`open_kvikio_dataset`."""
+    ``group``, ``"/"`` for it), with the keywords of :func:`open_kvikio_dataset`."""
     from xarray.core.treenode import NodePath
 
-    _check_zarr_only(mode, store)
-    read = _read_options(device, threads, batch_bytes, decode)
-    decoding = dict(
-        mask_and_scale=mask_and_scale,
-        decode_times=decode_times,
-        concat_characters=concat_characters,
-        decode_coords=decode_coords,
-        drop_variables=drop_variables,
-        use_cftime=use_cftime,
-        decode_timedelta=decode_timedelta,
-    )
+    read, decoding, opening = _prepare(**kwargs)
+    group = opening["group"]
     parent = "/" + (group or "").strip("/")
 
     def build():
-        stores = _stores(
-            filename_or_obj,
-            group=group,
-            tree=True,
-            consolidated=consolidated,
-            zarr_format=zarr_format,
-            storage_options=storage_options,
-            allow_external_links=allow_external_links,
-            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
-            cache_members=cache_members,
-        )
+        stores = _stores(filename_or_obj, tree=True, **opening)
         return {
             str(NodePath(path).relative_to(parent)) if group else str(NodePath(path)): _dataset(
                 s, read, decoding
