@@ -32,8 +32,8 @@ for py in "${pythons[@]}"; do
   if [ "$py" = "${pythons[-1]}" ]; then
     # the docs, warnings as errors (offline: no intersphinx inventories without internet)
     "$venv/bin/python" -m pip install -q -e ".[docs]" 2>&1 | grep -v '^WARNING: Location' || true
-    CUPY_XARRAY_DOCS_OFFLINE=1 "$venv/bin/python" -m sphinx -W --keep-going -q -b html docs "$venv/docs-html" \
-      && echo "docs built: $venv/docs-html" || { echo "docs build failed"; status=1; }
+    CUPY_XARRAY_DOCS_OFFLINE=1 "$venv/bin/python" -m sphinx -W --keep-going -q -b html docs docs/_build/html \
+      && echo "docs built: docs/_build/html" || { echo "docs build failed"; status=1; }
   fi
   rm -rf "$venv"
 done
