@@ -39,6 +39,13 @@ def info_lines() -> list[str]:
 
     lines.append(f"nvCOMP C API  {nvcomp_c_api()}")
     lines.append(f"io threads    {default_threads()} (CUPY_XARRAY_THREADS or threads=)")
+    try:
+        from .engine.codecs import decode_choice
+
+        choice = decode_choice()
+    except ValueError as exc:
+        choice = f"invalid: {exc}"
+    lines.append(f"decode        {choice} (CUPY_XARRAY_DECODE or decode=: where GPU reads decode chunks)")
     if not gpu_available():
         lines.append("GPU           none available: reads use device='cpu' (NumPy, os.pread)")
         return lines

@@ -86,6 +86,15 @@ def test_cli_info_and_demo():
         env={**os.environ, "CUPY_XARRAY_NVCOMP_C": "0"},
     ).stdout
     assert "nvCOMP C API  off (CUPY_XARRAY_NVCOMP_C=0)" in off
+    assert "decode        auto (" in out
+    chosen = subprocess.run(
+        [sys.executable, "-m", "cupy_xarray", "info"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "CUPY_XARRAY_DECODE": "gpu"},
+    ).stdout
+    assert "decode        gpu (" in chosen
     demo = subprocess.run(
         [sys.executable, "-m", "cupy_xarray", "demo"], capture_output=True, text=True, check=True
     ).stdout
