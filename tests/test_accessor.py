@@ -73,31 +73,23 @@ def test_import_without_cupy_and_info():
     assert "air ndarray" in out
 
 
+def _cli(*args: str, **env: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "cupy_xarray", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
+    ).stdout
+
+
 def test_cli_info_and_demo():
-    out = subprocess.run(
-        [sys.executable, "-m", "cupy_xarray", "info"], capture_output=True, text=True, check=True
-    ).stdout
+    out = _cli("info")
     assert out.startswith("cupy_xarray") and "xarray" in out and "zarr" in out
-    off = subprocess.run(
-        [sys.executable, "-m", "cupy_xarray", "info"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "CUPY_XARRAY_NVCOMP_C": "0"},
-    ).stdout
-    assert "nvCOMP C API  off (CUPY_XARRAY_NVCOMP_C=0)" in off
+    assert "nvCOMP C API  off (CUPY_XARRAY_NVCOMP_C=0)" in _cli("info", CUPY_XARRAY_NVCOMP_C="0")
     assert "decode        auto (" in out
-    chosen = subprocess.run(
-        [sys.executable, "-m", "cupy_xarray", "info"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "CUPY_XARRAY_DECODE": "gpu"},
-    ).stdout
-    assert "decode        gpu (" in chosen
-    demo = subprocess.run(
-        [sys.executable, "-m", "cupy_xarray", "demo"], capture_output=True, text=True, check=True
-    ).stdout
+    assert "decode        gpu (" in _cli("info", CUPY_XARRAY_DECODE="gpu")
+    demo = _cli("demo")
     assert "identical to engine='zarr': True" in demo
     assert ("device used: gpu" in demo) == HAS_GPU
 
