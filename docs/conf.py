@@ -38,6 +38,7 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 nb_execution_mode = "off"
 html_theme = "alabaster"
 html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 
 intersphinx_mapping = {
     "python": ("https://docs.python.org/3", None),
