@@ -342,7 +342,39 @@ def main() -> None:
                 f"{r['peak_GiB']:.2f} |"
             )
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+        Path(args.json).write_text(json.dumps({"meta": run_meta(), "rows": results}, indent=1, default=str))
+
+
+def run_meta() -> dict:
+    """What the docs print under a table of this run: command, commit, date, hardware, software."""
+    import platform
+    import subprocess
+    import sys
+
+    import cupy
+    import zarr
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    try:
+        from nvidia import nvcomp
+
+        nvcomp_version = getattr(nvcomp, "__version__", "installed")
+    except ImportError:
+        nvcomp_version = "not installed"
+    return {
+        "command": "python3 " + " ".join(sys.argv),
+        "commit": git("rev-parse", "--short", "HEAD") + (" (with changes)" if git("status", "--porcelain") else ""),
+        "date": time.strftime("%Y-%m-%d"),
+        "hardware": f"{name}, {os.cpu_count()} CPU cores, {platform.machine()}",
+        "software": f"zarr {zarr.__version__}, cupy {cupy.__version__}, nvCOMP {nvcomp_version}",
+    }
 
 
 if __name__ == "__main__":

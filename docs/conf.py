@@ -29,7 +29,7 @@ extensions = [
     "sphinx_autosummary_accessors",
 ]
 templates_path = ["_templates", sphinx_autosummary_accessors.templates_path]
-exclude_patterns = ["_build", "benchmarks.md", "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_generated", "benchmarks.md", "**.ipynb_checkpoints"]
 autosummary_generate = True
 autodoc_typehints = "description"
 napoleon_numpy_docstring = True
@@ -62,6 +62,65 @@ def _copy_notebooks() -> None:
         shutil.copyfile(nb, dest / nb.name)
 
 
+_META = ("command", "commit", "date", "hardware", "software")
+_BASELINES = ("zarr GPU mode", "GDSStore+GPU", "CPU zarr+asarray", "raw kvikio read", "raw read + cupy.empty")
+
+
+def _benchmark_run(path: Path) -> tuple[list, dict]:
+    """The rows and the run's facts of a ``benchmarks/read_throughput.py --json`` file; a file
+    without them fails the build, so that no table is shown without its command and commit."""
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing: run benchmarks/read_throughput.py --json {path.name}")
+    doc = json.loads(path.read_text())
+    meta = doc.get("meta", {}) if isinstance(doc, dict) else {}
+    missing = [k for k in _META if not meta.get(k)]
+    if missing or not doc.get("rows"):
+        raise RuntimeError(f"{path} lacks {missing or 'rows'}: write it with benchmarks/read_throughput.py --json")
+    return doc["rows"], meta
+
+
+def _benchmark_table(path: Path) -> str:
+    """A Markdown table of one run (GB/s, ratios to every baseline measured, peak memory), with
+    the command, commit, date and hardware under it."""
+    rows, meta = _benchmark_run(path)
+    bases = [b for b in _BASELINES if any(b in r["paths"] for r in rows)]
+    head = ["store", "path", "GB/s", *(f"× {b}" for b in bases), "peak GiB"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
+    for r in rows:
+        store = f"{r['store']} ({r['GiB']:.2f} GiB, ratio {r['ratio']:.2f})"
+        for name, v in r["paths"].items():
+            ratios = [
+                f"{v['GBps'] / r['paths'][b]['GBps']:.2f}" if b in r["paths"] else "-" for b in bases
+            ]
+            lines.append(
+                f"| {store} | {name} | {v['GBps']:.2f} | " + " | ".join(ratios) + f" | {v['peak_GiB']:.2f} |"
+            )
+        if "verify" in r:
+            t = r["verify"]
+            lines.append(
+                f"| {store} | GPU {t['kind']} check of the decoded chunks | "
+                f"{r['GiB'] * 2**30 / t['seconds'] / 1e9:.0f} | " + " | ".join("-" for _ in bases) + " | - |"
+            )
+    lines += [
+        "",
+        f"Measured on {meta['date']}, {meta['hardware']}; {meta['software']}; commit `{meta['commit']}`:",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _write_benchmark_tables() -> None:
+    """docs/_generated/<name>.md for every docs/benchmarks*.json (included by benchmarks.md)."""
+    out = HERE / "_generated"
+    out.mkdir(exist_ok=True)
+    for path in sorted(HERE.glob("benchmarks*.json")):
+        (out / f"{path.stem}.md").write_text(_benchmark_table(path))
+
+
 def _plot_benchmarks() -> None:
     """docs/_static/benchmarks.png: GB/s per read path and store, from benchmarks.json."""
     import matplotlib
@@ -69,7 +128,7 @@ def _plot_benchmarks() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = json.loads((HERE / "benchmarks.json").read_text())
+    rows, _meta = _benchmark_run(HERE / "benchmarks.json")
     paths = list(rows[0]["paths"])
     fig, ax = plt.subplots(figsize=(13, 4.5))
     width = 0.8 / len(paths)
@@ -91,4 +150,5 @@ def _plot_benchmarks() -> None:
 
 
 _copy_notebooks()
+_write_benchmark_tables()
 _plot_benchmarks()
