@@ -546,3 +546,34 @@ def _read_choice(path, choice):
 
     spec = array_spec(zarr.open_array(str(path), mode="r"), name="a")
     return read_arrays([(spec, (slice(None), slice(None)))], resolve_device("gpu"), decode=choice)[0]
+
+
+def test_stored_checksums_are_read_from_the_framing():
+    """What the GPU compares its checksums with: parsed from each framed stream's first and last
+    8 bytes (checksums.stream_ends on the GPU; here built on the host)."""
+    import zlib as _zlib
+
+    payloads = [
+        np.random.default_rng(k).integers(0, 256, 3000 + k, dtype=np.uint8).tobytes() for k in range(3)
+    ]
+
+    def ends(frames):
+        out = np.zeros((len(frames), 16), dtype=np.uint8)
+        for i, f in enumerate(frames):
+            out[i, : min(8, len(f))] = np.frombuffer(f[:8], np.uint8)
+            out[i, 16 - min(8, len(f)) :] = np.frombuffer(f[-8:], np.uint8)
+        return out
+
+    zstd = [numcodecs.Zstd(level=1, checksum=k != 1).encode(p) for k, p in enumerate(payloads)]
+    kind, has, values = checksums.stored("zstd", ends(zstd))
+    assert kind == "xxh64" and has.tolist() == [True, False, True]
+    assert [int(v) for v in values[has]] == [_xxh64(p) & 0xFFFFFFFF for k, p in enumerate(payloads) if k != 1]
+    gzip = [numcodecs.GZip(level=1).encode(p) for p in payloads]
+    kind, has, values = checksums.stored("gzip", ends(gzip))
+    assert kind == "crc32" and has.all() and [int(v) for v in values] == [_zlib.crc32(p) for p in payloads]
+    zl = [numcodecs.Zlib(level=1).encode(p) for p in payloads]
+    kind, has, values = checksums.stored("zlib", ends(zl))
+    assert (
+        kind == "adler32" and has.all() and [int(v) for v in values] == [_zlib.adler32(p) for p in payloads]
+    )
+    assert checksums.stored("lz4", ends(zl))[0] is None

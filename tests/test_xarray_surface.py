@@ -337,3 +337,14 @@ def test_datatree_keeps_reads_inside_the_root(tmp_path):
         xr.open_datatree(store, engine="kvikio", device="cpu")
     tree = xr.open_datatree(store, engine="kvikio", device="cpu", allow_external_links=True).load()
     assert tree["a/b/w"].shape == (4,)
+
+
+def test_opening_in_threads_leaves_the_warning_filters_as_they_were(tmp_path):
+    from conftest import run_in_threads
+
+    store = tmp_path / "s.zarr"
+    _ds().to_zarr(store, consolidated=False)
+    before = list(warnings.filters)
+    errors = run_in_threads(lambda k: xr.open_dataset(store, engine="kvikio", device="cpu").load(), 8)
+    assert not errors, errors
+    assert warnings.filters == before
