@@ -577,3 +577,24 @@ def test_stored_checksums_are_read_from_the_framing():
         kind == "adler32" and has.all() and [int(v) for v in values] == [_zlib.adler32(p) for p in payloads]
     )
     assert checksums.stored("lz4", ends(zl))[0] is None
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["v3-zstd", "v3-zstd-crc32c", "v3-gzip", "v3-lz4", "v3-blosc-zstd-shuffle", "v3-blosc-lz4-shuffle"],
+)
+def test_describe_says_where_a_gpu_read_decodes(tmp_path, layout):
+    """The debug line of a GPU read names CPU threads for what decode= keeps from nvCOMP."""
+    from types import SimpleNamespace
+
+    import damage
+
+    from cupy_xarray.device import Device
+    from cupy_xarray.engine import array_spec, describe
+
+    spec = array_spec(zarr.open_array(damage.build(str(tmp_path), layout), mode="r"), name="a")
+    gpu = Device("gpu", np, SimpleNamespace(name="kvikio"), SimpleNamespace(name="nvcomp"), 4)
+    on_cpu = layout in ("v3-zstd", "v3-lz4", "v3-blosc-zstd-shuffle")
+    assert ("CPU threads (decode='auto')" in describe(spec, gpu)) == on_cpu
+    assert "CPU threads" not in describe(spec, gpu, "gpu")
+    assert "CPU threads (decode='cpu')" in describe(spec, gpu, "cpu")

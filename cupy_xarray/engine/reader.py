@@ -108,8 +108,8 @@ class _Task:
         self.data = self.staging = self.owner = self.target = None
 
 
-def describe(spec: ArraySpec, device: Device | PrototypeDevice) -> str:
-    """One line saying which path the engine takes for an array."""
+def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | None = None) -> str:
+    """One line saying which path the engine takes for an array (``decode``: the choice)."""
     if isinstance(device, PrototypeDevice):
         return f"{spec.name}: zarr-python pipeline with the given BufferPrototype"
     if spec.fallback:
@@ -117,6 +117,13 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice) -> str:
     r = spec.recipe
     codecs = ", ".join(r.bytes_codecs) or "uncompressed"
     where = device.codecs.name if r.bytes_codecs else device.io.name
+    compressor = next((c for c in r.bytes_codecs if c != "crc32c"), None)
+    if device.name == "gpu" and compressor:
+        choice = decode_choice(decode)
+        kind = blosc.STREAMS[compressor[len("blosc-") :]] if compressor.startswith("blosc-") else compressor
+        proven = "crc32c" in r.bytes_codecs[: r.bytes_codecs.index(compressor)]
+        if not decodes_on_gpu(kind, choice, proven):
+            where = f"CPU threads (decode={choice!r}), copied to the GPU"
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
     return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}"
 
@@ -577,7 +584,7 @@ def _read_arrays(requests, device, batch_bytes, progress, decode) -> list[Any]:
     tasks: list[_Task] = []
     clock = _Clock(device)
     for i, (spec, nsel) in enumerate(normalized):
-        log.debug(describe(spec, device))
+        log.debug(describe(spec, device, decode))
         if isinstance(device, PrototypeDevice) or spec.fallback:
             _check_files_zarr_reads(spec, nsel)
             outs[i] = _zarr_read(spec, nsel, device)
