@@ -69,6 +69,11 @@ def _assert_same(got: xr.Dataset, ref: xr.Dataset, device: str):
         assert module_of(got[name].variable._data) in ("numpy", "pandas", "xarray"), name
         np.testing.assert_array_equal(got[name].values, ref[name].values)
     assert got.attrs == ref.attrs
+    # and the whole objects: indexes, coordinates, attributes, variables' encodings
+    xr.testing.assert_identical(got.cupy.as_numpy(), ref)
+    assert set(got.indexes) == set(ref.indexes)  # zarr lists members in no fixed order
+    for name in ref.variables:
+        assert set(got[name].encoding) == set(ref[name].encoding), name
 
 
 def test_engine_is_listed():
