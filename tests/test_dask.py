@@ -166,3 +166,13 @@ def test_local_cuda_cluster(store, ref):
     assert module_of(mean.data) == "cupy"
     np.testing.assert_allclose(host(mean.data), ref.air.mean("time").values, rtol=1e-6)
     np.testing.assert_array_equal(host(full.data), ref.air.values)
+
+
+@pytest.mark.parametrize("chunks", [{}, "auto", {"time": 24, "lon": 7}])
+def test_chunked_open_is_identical_to_engine_zarr(store, device, chunks):
+    """Whole objects, lazily and computed: chunks, indexes, coordinates, attributes."""
+    got = _open(store, device, chunks)
+    want = xr.open_dataset(store, engine="zarr", chunks=chunks)
+    assert {k: v.chunks for k, v in got.variables.items()} == {k: v.chunks for k, v in want.variables.items()}
+    assert set(got.indexes) == set(want.indexes)
+    xr.testing.assert_identical(got.compute().cupy.as_numpy(), want.compute())
