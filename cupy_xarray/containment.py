@@ -254,25 +254,23 @@ def check_array(array: Any, name: str, containment: Containment | None) -> None:
     shape = tuple(int(s) for s in array.shape)
     if any(s < 0 for s in shape) or math.prod(shape) * itemsize >= 2**63:
         raise UnsafeStoreError(f"{where}: shape {shape} overflows 64-bit sizes (corrupt metadata?)", key=name)
-    declared = _declared_chunk_shape(meta)
-    if declared is not None and any(c <= 0 for c in declared):
-        raise UnsafeStoreError(
-            f"{where}: chunk shape {declared} has a length of 0 or less (corrupt metadata: every chunk "
-            "length must be at least 1)",
-            key=name,
-        )
+    shards = getattr(array, "shards", None)
+    # the metadata document's own chunk shape too: zarr >= 3.4 reads a 0 there as 1
+    grids = [("chunk shape", _declared_chunk_shape(meta) or ()), ("shard shape", tuple(shards or ()))]
     try:
         chunks = tuple(int(c) for c in array.chunks)
+        grids.append(("chunk shape", chunks))
     except (NotImplementedError, TypeError):
-        return
-    shards = getattr(array, "shards", None)
-    for what, grid in (("chunk shape", chunks), ("shard shape", tuple(int(s) for s in shards or ()))):
-        if any(c <= 0 for c in grid):
+        chunks = None
+    for what, grid in grids:
+        if any(int(c) <= 0 for c in grid):
             raise UnsafeStoreError(
-                f"{where}: {what} {grid} has a length of 0 or less (corrupt metadata: every chunk "
-                "length must be at least 1)",
+                f"{where}: {what} {tuple(int(c) for c in grid)} has a length of 0 or less (corrupt "
+                "metadata: every chunk length must be at least 1)",
                 key=name,
             )
+    if chunks is None:
+        return
     nbytes = math.prod(chunks) * itemsize
     if nbytes > MAX_CHUNK_BYTES:
         raise UnsafeStoreError(

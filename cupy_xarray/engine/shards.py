@@ -70,9 +70,8 @@ def read_shard_index(
     offsets, lengths = index[..., 0], index[..., 1]
     present = offsets != EMPTY
     starts, counts = offsets[present], lengths[present]
-    room = np.uint64(size) - np.minimum(
-        starts, np.uint64(size)
-    )  # no 64-bit wrap-around: never offset + length
+    # room after each start, so that offset + length (which can wrap around 64 bits) is never formed
+    room = np.uint64(size) - np.minimum(starts, np.uint64(size))
     if starts.size and ((starts > np.uint64(size)).any() or (counts > room).any()):
         raise ChunkError(
             f"shard index points past the end of the {size}-byte shard file (corrupt shard)",
