@@ -9,10 +9,8 @@ orchestration runs in CI on the CPU and on the GPU.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,28 +129,6 @@ class Device:
     def synchronize(self) -> None:
         if self.name == "gpu":
             self.xp.cuda.get_current_stream().synchronize()
-
-    @contextlib.contextmanager
-    def exclusive(self):
-        """Hold this GPU for the reading and decoding of one read at a time.
-
-        Two reads that share a GPU (dask's threads) were slower side by side than one after
-        the other: each already keeps the device busy with its many I/O threads and batched
-        decodes. Their planning still overlaps. A no-op on the CPU, where decoding in more
-        threads helps.
-        """
-        if self.name != "gpu":
-            yield
-            return
-        dev = self.xp.cuda.Device().id
-        with _locks_guard:
-            lock = _gpu_locks.setdefault(dev, threading.Lock())
-        with lock:
-            yield
-
-
-_gpu_locks: dict[int, threading.Lock] = {}
-_locks_guard = threading.Lock()
 
 
 @dataclass

@@ -190,11 +190,12 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 class Runner:
     """Stores built once per layout, read by zarr-python and by the engine on ``device``."""
 
-    def __init__(self, root: str, device: str) -> None:
+    def __init__(self, root: str, device: str, scheduler=None) -> None:
         from cupy_xarray.device import resolve_device
 
         self.root = root
         self.device = resolve_device(device)
+        self.scheduler = scheduler
         self.stores: dict[str, tuple[str, object]] = {}
         self.pristine = values()
 
@@ -223,7 +224,9 @@ class Runner:
             except Exception as exc:  # noqa: BLE001 - the reference may refuse the damage
                 ref = exc
             try:
-                got = read_arrays([(spec, (slice(None), slice(None)))], self.device)[0]
+                got = read_arrays(
+                    [(spec, (slice(None), slice(None)))], self.device, scheduler=self.scheduler
+                )[0]
                 got = got.get() if hasattr(got, "__cuda_array_interface__") else np.asarray(got)
             except CupyXarrayError as exc:
                 return "error", f"{type(exc).__name__}: {exc}"

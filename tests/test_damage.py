@@ -36,11 +36,16 @@ def _campaign_report(results, all_cases):
     return report, covered
 
 
-def test_damage_campaign_cpu(tmp_path):
+@pytest.mark.parametrize("route", ["host", "batch"])
+def test_damage_campaign_cpu(tmp_path, route):
+    """Both routes a chunk can take: one CPU thread per chunk, and the batches (staging, one
+    decode call per codec, scatter) that GPU reads decode in with nvCOMP."""
     import damage
 
+    from cupy_xarray.engine.schedule import Scheduler
+
     all_cases = damage.cases(CAMPAIGN_CASES, seed=0)
-    runner = damage.Runner(str(tmp_path), "cpu")
+    runner = damage.Runner(str(tmp_path), "cpu", Scheduler(force=route))
     results = [dict(index=c.index, outcome=o, detail=d) for c in all_cases for o, d in [runner.run(c)]]
     report, covered = _campaign_report(results, all_cases)
     assert not report["failures"], "\n".join(report["failures"][:20])

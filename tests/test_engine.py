@@ -210,10 +210,16 @@ def test_direct_reads_land_in_output(tmp_path):
     ],
     ids=["zstd", "gzip", "zlib", "lz4", "blosc-lz4", "blosc-zstd"],
 )
-def test_whole_chunks_decode_into_the_output(tmp_path, device, comp, monkeypatch):
+@pytest.mark.parametrize("route", ["batch", "host"])
+def test_whole_chunks_decode_into_the_output(tmp_path, device, comp, route, monkeypatch):
     """Whole row-chunks are decoded straight into the output: no copy afterwards, a missing
     chunk keeps the fill value, and ragged or partial chunks still take the copy path."""
+    from cupy_xarray.engine import host as host_route
     from cupy_xarray.engine import reader
+    from cupy_xarray.engine.schedule import Scheduler
+
+    if route == "host" and device == "gpu":
+        pytest.skip("a GPU read's host route copies every chunk from pinned memory")
 
     a = zarr.create_array(
         tmp_path / "a.zarr", shape=(43, 6), chunks=(8, 6), dtype="f4", compressors=comp, zarr_format=2,
@@ -226,13 +232,16 @@ def test_whole_chunks_decode_into_the_output(tmp_path, device, comp, monkeypatch
     copies = []
     real_copy = reader._copy_bytes
     monkeypatch.setattr(reader, "_copy_bytes", lambda *args: copies.append(args) or real_copy(*args))
+    real_place = host_route._place_host
+    monkeypatch.setattr(host_route, "_place_host", lambda *args: copies.append(args) or real_place(*args))
     dev = resolve_device(device)
+    sched = Scheduler(force=route)
     for batch_bytes in (200, 2**30):  # one chunk per batch; all in one (mixed) batch
-        (got,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch_bytes)
+        (got,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch_bytes, scheduler=sched)
         np.testing.assert_array_equal(host(got), a[:])
         assert len(copies) == 1  # the ragged last chunk (3 rows) is copied; 4 whole chunks landed
         copies.clear()
-    (got,) = read_arrays([(spec, (slice(9, 30),))], dev)
+    (got,) = read_arrays([(spec, (slice(9, 30),))], dev, scheduler=sched)
     np.testing.assert_array_equal(host(got), a[9:30])
     assert len(copies) == 2  # rows 9-15 and 24-29 are partial chunks; 16-23 is missing
 

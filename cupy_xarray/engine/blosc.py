@@ -335,6 +335,26 @@ def decode_chunks_on_host(
     return [scratch], outs
 
 
+def decode_one_on_host(src: np.ndarray, expected: int, cname: str, into: np.ndarray) -> np.ndarray:
+    """Check one Blosc chunk's layout (:func:`layout`) and decode it with c-blosc into ``into``
+    (``expected`` bytes), on the calling thread."""
+    from numcodecs import blosc as cblosc
+
+    src = np.ascontiguousarray(src)
+
+    def read_u32(positions: np.ndarray) -> np.ndarray:
+        idx = np.minimum(positions[:, None] + np.arange(4)[None, :], max(len(src) - 1, 0))
+        raw = src[idx].astype(np.uint32)
+        return raw[:, 0] | raw[:, 1] << 8 | raw[:, 2] << 16 | raw[:, 3] << 24
+
+    layout(read_u32, np.zeros(1, np.int64), np.array([len(src)], np.int64), expected, cname)
+    try:
+        cblosc.decompress(memoryview(src), into)
+    except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
+        raise BloscLayoutError(0, f"c-blosc cannot decode it: {exc} (corrupt chunk)") from exc
+    return into
+
+
 def _decode_streams(device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray) -> list[Any]:
     """Decode with ``Device.codecs`` (one batched call); check every decoded length."""
     try:

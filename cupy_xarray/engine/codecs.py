@@ -154,9 +154,9 @@ def zstd_frame_length(data: bytes | np.ndarray) -> int:
     fault on truncated frames, so every zstd stream is measured before it is decoded.
     :data:`ZSTD_FRAME_LENGTH_KERNEL` is the same walk on the GPU.
     """
-    buf = bytes(memoryview(np.ascontiguousarray(data)).cast("B"))
+    buf = memoryview(np.ascontiguousarray(data)).cast("B")
     n = len(buf)
-    if n < 6 or buf[:4] != b"\x28\xb5\x2f\xfd":
+    if n < 6 or bytes(buf[:4]) != b"\x28\xb5\x2f\xfd":
         return -1
     fhd = buf[4]
     pos = zstd_header_length(fhd)
@@ -172,6 +172,22 @@ def zstd_frame_length(data: bytes | np.ndarray) -> int:
             break
     pos += 4 if (fhd >> 2) & 1 else 0
     return pos if pos <= n else -1
+
+
+def stream_problem(name: str, data: np.ndarray, expected: int) -> str | None:
+    """What is wrong with one stored stream held on the host (:func:`check_frame`, and for
+    zstd the frame's length against the stream's), or None."""
+    if len(data) < 4:
+        return f"{len(data)} bytes is too short for a {name} stream"
+    head, tail = bytes(data[:32]), bytes(data[-4:])
+    problem = check_frame(name, head, tail, expected)
+    if problem or name != "zstd":
+        return problem
+    n = zstd_frame_length(data)
+    if n != len(data):
+        what = "runs past the end of" if n < 0 else f"is {n} bytes, not the {len(data)} of"
+        return f"zstd frame {what} the stored stream (truncated?)"
+    return None
 
 
 ZSTD_FRAME_LENGTH_KERNEL = r"""

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkError, OutOfMemoryError
-from . import blosc
+from . import blosc, host
 from .codecs import (
     DecodeFailure,
     check_frame,
@@ -36,6 +36,7 @@ from .io import ReadOp
 from .nvcomp_api import DecodeTimeout
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
 from .scatter import bytes_to_chunk, scatter, select
+from .schedule import Decision, Scheduler, proven, stream_kind
 from .shards import EMPTY, read_shard_index
 from .spec import ArraySpec
 
@@ -45,6 +46,9 @@ DEFAULT_BATCH_BYTES = 2048 * 2**20
 #: seconds spent per phase by the last read_arrays call in this process (set
 #: CUPY_XARRAY_PROFILE=1 to synchronize the device between phases for exact figures)
 last_read_stats: dict[str, float] = {}
+#: what the scheduler chose for each group of chunks of the last read_arrays call
+last_read_decisions: list[Decision] = []
+_DEFAULT_SCHEDULER = Scheduler()
 
 
 class _Clock:
@@ -117,13 +121,17 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
     r = spec.recipe
     codecs = ", ".join(r.bytes_codecs) or "uncompressed"
     where = device.codecs.name if r.bytes_codecs else device.io.name
-    compressor = next((c for c in r.bytes_codecs if c != "crc32c"), None)
-    if device.name == "gpu" and compressor:
+    kind = stream_kind(r.bytes_codecs)
+    if kind is not None:
         choice = decode_choice(decode)
-        kind = blosc.STREAMS[compressor[len("blosc-") :]] if compressor.startswith("blosc-") else compressor
-        proven = "crc32c" in r.bytes_codecs[: r.bytes_codecs.index(compressor)]
-        if not decodes_on_gpu(kind, choice, proven):
+        if device.name != "gpu":
+            where = "CPU threads, one chunk each"
+        elif choice == "gpu":
+            where = "nvCOMP (decode='gpu')"
+        elif choice == "cpu" or not decodes_on_gpu(kind, "auto", proven(r.bytes_codecs)):
             where = f"CPU threads (decode={choice!r}), copied to the GPU"
+        else:
+            where = "nvCOMP and CPU threads, split per read by the cost model (decode='auto')"
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
     return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}"
 
@@ -526,6 +534,7 @@ def read_arrays(
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     progress: bool = False,
     decode: str | None = None,
+    scheduler: Scheduler | None = None,
 ) -> list[Any]:
     """Read selections of many arrays in one go.
 
@@ -544,6 +553,9 @@ def read_arrays(
         decodes safely, CPU threads for the others), ``"gpu"`` (nvCOMP for all: for stores
         you trust) or ``"cpu"``; default ``CUPY_XARRAY_DECODE`` or ``"auto"``
         (:func:`~cupy_xarray.engine.codecs.decodes_on_gpu`). The values are the same.
+    scheduler
+        Gives each chunk its route (:class:`~cupy_xarray.engine.schedule.Scheduler`); default
+        the cost model with this machine's rates.
 
     Returns
     -------
@@ -558,7 +570,9 @@ def read_arrays(
         The outputs do not fit in free memory (checked before anything is allocated).
     """
     try:
-        return _read_arrays(requests, device, batch_bytes, progress, decode_choice(decode))
+        return _read_arrays(
+            requests, device, batch_bytes, progress, decode_choice(decode), scheduler or _DEFAULT_SCHEDULER
+        )
     except BaseException as exc:
         # the traceback keeps every frame below alive, and with them device buffers: clear
         # their locals so a failed read gives its GPU memory back at once
@@ -576,11 +590,47 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
 
 
-def _read_arrays(requests, device, batch_bytes, progress, decode) -> list[Any]:
+def _routes(tasks: list[_Task], device: Device, decode: str, scheduler: Scheduler) -> tuple[list, list]:
+    """Split the tasks into those read with the batches and those of the host route."""
+    batched, on_host, groups = [], [], {}
+    for t in tasks:
+        if t.direct is not None:
+            batched.append(t)
+        else:
+            groups.setdefault(id(t.spec.recipe), []).append(t)
+    decisions = []
+    for group in groups.values():
+        routes, decision = scheduler.routes(group, device, decode)
+        for t, r in zip(group, routes):
+            (on_host if r == "host" else batched).append(t)
+        if decision is not None:
+            decisions.append(decision)
+            log.debug("decode: %s", decision)
+    last_read_decisions[:] = decisions
+    return batched, on_host
+
+
+def _staging_limit(outs: list, batch_bytes: int) -> int:
+    """Bytes a batch may hold: ``batch_bytes``, and at most an eighth of the outputs (two
+    batches are in flight: their staging then stays under a quarter of the output)."""
+    out = sum(int(getattr(o, "nbytes", 0)) for o in outs if o is not None)
+    return max(1, min(batch_bytes, max(64 * 2**20, out // 8)))
+
+
+def _read_arrays(requests, device, batch_bytes, progress, decode, scheduler) -> list[Any]:
     normalized = [(spec, normalize_selection(sel, spec.shape)) for spec, sel in requests]
     if isinstance(device, Device):
         check_memory(normalized, device, batch_bytes)
-    outs: list[Any] = [None] * len(requests)
+    if isinstance(device, Device) and device.name == "gpu":
+        with host.stream(device.xp):  # this thread's own stream: reads in other threads overlap
+            outs = _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler)
+            device.synchronize()
+            return outs
+    return _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler)
+
+
+def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler) -> list[Any]:
+    outs: list[Any] = [None] * len(normalized)
     tasks: list[_Task] = []
     clock = _Clock(device)
     for i, (spec, nsel) in enumerate(normalized):
@@ -605,7 +655,8 @@ def _read_arrays(requests, device, batch_bytes, progress, decode) -> list[Any]:
     clock.lap("plan")
     if not tasks:
         return outs
-    batches = _batches(tasks, batch_bytes)
+    batched, on_host = _routes(tasks, device, decode, scheduler)
+    batches = _batches(batched, _staging_limit(outs, batch_bytes)) if batched else []
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -613,10 +664,13 @@ def _read_arrays(requests, device, batch_bytes, progress, decode) -> list[Any]:
         total = sum(t.direct[1] if t.direct else t.nbytes for t in tasks)
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading")
     pending: list = []
+    jobs = None
     try:
-        with device.exclusive(), device.io.session(device.threads) as session:
+        with device.io.session(device.threads) as session:
             try:
-                pending.append(_submit(session, batches[0], outs, device))
+                jobs = host.start(on_host, outs, device)
+                if batches:
+                    pending.append(_submit(session, batches[0], outs, device))
                 for b, batch in enumerate(batches):
                     if b + 1 < len(batches):
                         pending.append(_submit(session, batches[b + 1], outs, device))
@@ -629,8 +683,14 @@ def _read_arrays(requests, device, batch_bytes, progress, decode) -> list[Any]:
                     clock.lap("sync")
                     if bar is not None:
                         bar.update(sum(t.direct[1] if t.direct else t.nbytes for t in batch))
+                jobs.wait()
+                clock.lap("host route")
+                if bar is not None:
+                    bar.update(sum(t.nbytes for t in on_host))
             except BaseException:
                 # let reads in flight land before their buffers are released
+                if jobs is not None:
+                    jobs.cancel()
                 for waiter, _ in pending:
                     try:
                         waiter.wait()

@@ -1,0 +1,196 @@
+"""The host route: one CPU thread reads a chunk, decodes and checks it, and places it.
+
+Each chunk is one job on a shared pool of CPU threads: ``os.preadv`` of its stored bytes,
+its byte codecs in decode order (the same decoders and checks as the batched CPU path:
+libzstd, zlib, liblz4, c-blosc after the engine's own Blosc layout check, crc32c), then:
+
+- a CPU read decodes straight into the output where the chunk is one run of it, else
+  scatters from the thread's buffer;
+- a GPU read decodes into pinned host memory and copies it to the device on the thread's
+  own CUDA stream: straight into the output where the chunk is one run of it, else into a
+  scratch buffer of one chunk that is scattered on the GPU.
+
+Memory beside the output is bounded by the pool: per thread, one chunk's stored bytes and
+one chunk's decoded bytes on the host (pinned for a GPU read, from cupy's pinned pool), and
+for a GPU read of tiles one decoded chunk on the device, given back when the job ends.
+Jobs of concurrent reads share the pool, so reads in many threads never decode on more CPU
+threads than it has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .codecs import _cpu_decode_one, crc32c_strip, stream_problem
+from .io import ReadOp, _pread_into
+from .scatter import bytes_to_chunk, scatter, select
+
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+_local = threading.local()
+
+
+def pool(threads: int) -> ThreadPoolExecutor:
+    """The process's pool of ``threads`` decode threads (kept: small reads must not start
+    threads every time)."""
+    with _pools_lock:
+        p = _pools.get(threads)
+        if p is None:
+            p = _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="cupy-xarray-decode")
+        return p
+
+
+def _buffer(name: str, nbytes: int) -> np.ndarray:
+    """This thread's host buffer ``name`` of at least ``nbytes`` (grown, never shrunk)."""
+    buf = getattr(_local, name, None)
+    if buf is None or len(buf) < nbytes:
+        buf = np.empty(max(nbytes, 1), dtype=np.uint8)
+        setattr(_local, name, buf)
+    return buf[:nbytes]
+
+
+def _stream(cupy: Any) -> Any:
+    """This thread's CUDA stream (one per thread: jobs of different threads overlap)."""
+    s = getattr(_local, "stream", None)
+    if s is None or s.device_id != cupy.cuda.Device().id:
+        s = _local.stream = cupy.cuda.Stream()
+    return s
+
+
+def decode_chain(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.ndarray:
+    """Run a chunk's byte codecs over its stored bytes on this thread; the last decoder
+    writes into ``final`` where given. Raises ChunkError naming the chunk."""
+    from . import blosc
+
+    recipe = task.spec.recipe
+    codecs = recipe.bytes_codecs
+    for i, name in enumerate(codecs):
+        if name == "crc32c":
+            try:
+                data = crc32c_strip(np, data)
+            except ValueError as exc:
+                raise task.error(str(exc)) from exc
+            continue
+        expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
+        last = final is not None and i == len(codecs) - 1
+        into = final[:expected] if last else np.empty(expected, np.uint8)
+        if name.startswith("blosc-"):
+            try:
+                data = blosc.decode_one_on_host(data, expected, name[len("blosc-") :], into)
+            except blosc.BloscLayoutError as exc:
+                raise task.error(str(exc)) from exc
+            continue
+        problem = stream_problem(name, data, expected)
+        if problem:
+            raise task.error(f"{problem} (corrupt chunk)")
+        try:
+            out = _cpu_decode_one(name, data, expected, into)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
+            raise task.error(f"{name} decode failed: {exc} (corrupt chunk)") from exc
+        if len(out) != expected:
+            raise task.error(f"{name} stream decoded to {len(out)} bytes, expected {expected}")
+        data = out
+    return data
+
+
+def _job(task: Any, out: Any, device: Any) -> None:
+    recipe = task.spec.recipe
+    stored = _buffer("stored", task.nbytes)
+    _pread_into(ReadOp(task.path, task.offset, task.nbytes, stored, task.spec.name, task.key))
+    if device.name != "gpu":
+        target = task.target if task.target is not None else None
+        final = target if target is not None else _buffer("decoded", recipe.nbytes + 8)
+        data = decode_chain(task, stored, final) if recipe.bytes_codecs else stored
+        if len(data) < recipe.nbytes:
+            raise task.error(f"chunk holds {len(data)} bytes, expected {recipe.nbytes}")
+        if target is not None and data.ctypes.data == target.ctypes.data:
+            return
+        _place_host(task, data, out)
+        return
+    _job_gpu(task, stored, out, device)
+
+
+def _place_host(task: Any, data: np.ndarray, out: np.ndarray) -> None:
+    if task.copy is not None:
+        src, n, dst = task.copy
+        out.reshape(-1).view(np.uint8)[dst : dst + n] = data[src : src + n]
+        return
+    chunk = bytes_to_chunk(np, data, task.spec.recipe)
+    scatter(np, out, task.piece.out_sel, select(np, chunk, task.piece.chunk_sel))
+
+
+def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any) -> None:
+    from .codecs import pinned_buffer
+
+    cupy = device.xp
+    recipe = task.spec.recipe
+    n = recipe.nbytes
+    pinned = pinned_buffer(n + 8) if recipe.bytes_codecs else None
+    data = decode_chain(task, stored, pinned) if recipe.bytes_codecs else stored
+    if len(data) < n:
+        raise task.error(f"chunk holds {len(data)} bytes, expected {n}")
+    stream = _stream(cupy)
+    rt = cupy.cuda.runtime
+    h2d = rt.memcpyHostToDevice
+    src = data.ctypes.data
+    with stream:
+        if task.target is not None:
+            rt.memcpyAsync(task.target.data.ptr, src, n, h2d, stream.ptr)
+        elif task.copy is not None:
+            s, k, d = task.copy
+            rt.memcpyAsync(out.data.ptr + d, src + s, k, h2d, stream.ptr)
+        else:
+            scratch = cupy.empty(n, dtype=cupy.uint8)
+            rt.memcpyAsync(scratch.data.ptr, src, n, h2d, stream.ptr)
+            chunk = bytes_to_chunk(cupy, scratch, recipe)
+            scatter(cupy, out, task.piece.out_sel, select(cupy, chunk, task.piece.chunk_sel))
+        stream.synchronize()  # the host buffers are reused by this thread's next job
+
+
+class Jobs:
+    """The host route's jobs of one read, running."""
+
+    def __init__(self, futures: list) -> None:
+        self._futures = futures
+
+    def wait(self) -> None:
+        """Wait for every job; raise the first task's error (in task order)."""
+        first = None
+        for f in self._futures:
+            exc = f.exception()
+            if exc is not None and first is None:
+                first = exc
+        self._futures = []
+        if first is not None:
+            raise first
+
+    def cancel(self) -> None:
+        """Drop the jobs not started yet and wait for the others (errors ignored)."""
+        for f in self._futures:
+            f.cancel()
+        for f in self._futures:
+            if not f.cancelled():
+                f.exception()
+        self._futures = []
+
+
+def start(tasks: list[Any], outs: list[Any], device: Any) -> Jobs:
+    """Start reading, decoding and placing every task on the pool."""
+    if not tasks:
+        return Jobs([])
+    if device.name == "gpu":
+        device.synchronize()  # the outputs' fill values are written before other streams write
+    p = pool(device.threads)
+    return Jobs([p.submit(_job, t, outs[t.out], device) for t in tasks])
+
+
+@contextlib.contextmanager
+def stream(cupy: Any):
+    """Make this thread's own CUDA stream the current one."""
+    with _stream(cupy):
+        yield

@@ -1,0 +1,332 @@
+"""Where each compressed chunk of a read is decoded: nvCOMP on the GPU, or CPU threads.
+
+A read's chunks that cannot be read straight into the output are grouped by recipe, and
+the :class:`Scheduler` gives each chunk a route:
+
+``"batch"``
+    Read into staging with its batch, decoded by ``Device.codecs`` in one call per codec
+    (nvCOMP on the GPU), scattered (:mod:`.reader`).
+``"host"``
+    Read, decoded and checked by one CPU thread, then placed into the output (copied to
+    the GPU for a GPU read) (:mod:`.host`).
+
+``decode="gpu"`` sends every compressed chunk of a GPU read to nvCOMP, ``"cpu"`` every one
+to CPU threads. ``"auto"`` sends to nvCOMP only the streams it decodes safely
+(:func:`~.codecs.decodes_on_gpu`) and splits those between both processors by a cost model
+(:class:`Rates`): each processor gets the share it finishes in the same time, so a small
+selection (where one nvCOMP call costs milliseconds whatever its size) goes to CPU threads
+and a large load to both. The rates are measured on the machine the first time a choice
+needs them and cached (:func:`rates`). A CPU read decodes every chunk on the host route.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .codecs import decodes_on_gpu
+
+log = logging.getLogger("cupy_xarray")
+
+
+def compressor(codecs: tuple[str, ...]) -> str | None:
+    """The chain's compressor (the codec that is not ``crc32c``), or None."""
+    return next((c for c in codecs if c != "crc32c"), None)
+
+
+def stream_kind(codecs: tuple[str, ...]) -> str | None:
+    """The stream kind nvCOMP would decode for a chain: the compressor, or for Blosc the
+    kind of its inner streams (``"lz4-block"``, ``"zstd"``)."""
+    name = compressor(codecs)
+    if name is None or not name.startswith("blosc-"):
+        return name
+    from .blosc import STREAMS
+
+    return STREAMS[name[len("blosc-") :]]
+
+
+def proven(codecs: tuple[str, ...]) -> bool:
+    """True when a crc32c codec checks the stored bytes before the compressor sees them."""
+    name = compressor(codecs)
+    return name is not None and "crc32c" in codecs[: codecs.index(name)]
+
+
+@dataclass(frozen=True)
+class Rates:
+    """How fast one stream kind decodes on this machine (decoded bytes per second).
+
+    Attributes
+    ----------
+    host_thread
+        One CPU thread: read, decode, checks and the copy to the device.
+    gpu
+        nvCOMP with many streams in flight.
+    gpu_stream
+        nvCOMP on one stream alone (nvCOMP decodes a stream with one group of threads).
+    gpu_call
+        Seconds one batched call costs whatever its size.
+    measured
+        Whether the figures were measured here (else: defaults measured on an H200 host).
+    """
+
+    host_thread: float
+    gpu: float
+    gpu_stream: float
+    gpu_call: float
+    measured: bool = False
+
+    def gpu_seconds(self, sizes: np.ndarray) -> float:
+        if not len(sizes):
+            return 0.0
+        return self.gpu_call + float(sizes.max()) / self.gpu_stream + float(sizes.sum()) / self.gpu
+
+    def host_seconds(self, sizes: np.ndarray, threads: int) -> float:
+        if not len(sizes):
+            return 0.0
+        # threads take chunks as they free up: the busiest one ends the work
+        return max(float(sizes.sum()) / threads, float(sizes.max())) / self.host_thread
+
+
+#: figures measured on an H200 host with 16 cores (4 MiB float32 chunks of smooth data)
+DEFAULT_RATES = {
+    "zstd": Rates(0.45e9, 40e9, 0.07e9, 1e-3),
+    "gzip": Rates(0.12e9, 2.8e9, 0.03e9, 1e-3),
+    "zlib": Rates(0.13e9, 2.8e9, 0.03e9, 1e-3),
+    "lz4": Rates(0.65e9, 20e9, 0.02e9, 1e-3),
+    "lz4-block": Rates(0.5e9, 30e9, 1.0e9, 2e-3),
+}
+
+
+@dataclass
+class Decision:
+    """The routes a group of chunks (one recipe) got, and why."""
+
+    array: str
+    codec: str
+    gpu: int
+    host: int
+    why: str
+
+    def __str__(self) -> str:
+        where = f"{self.gpu} chunks to nvCOMP, {self.host} to CPU threads"
+        return f"{self.array}: {self.codec}: {where} ({self.why})"
+
+
+class Scheduler:
+    """Give each chunk of a group a route: ``"batch"`` or ``"host"``.
+
+    Parameters
+    ----------
+    rates
+        Rates per stream kind; default: :func:`rates` (measured once per machine).
+    force
+        ``"host"`` or ``"batch"``: one route for every chunk (tests run both on the CPU).
+    """
+
+    def __init__(self, rates: dict[str, Rates] | None = None, force: str | None = None) -> None:
+        if force not in (None, "host", "batch"):
+            raise ValueError(f"force must be 'host' or 'batch', got {force!r}")
+        self._rates = rates
+        self.force = force
+
+    def rates_for(self, kind: str, device: Any) -> Rates:
+        if self._rates is not None:
+            return self._rates.get(kind, DEFAULT_RATES.get(kind, DEFAULT_RATES["zstd"]))
+        return rates(kind, device)
+
+    def routes(self, tasks: list[Any], device: Any, decode: str) -> tuple[list[str], Decision | None]:
+        """Routes for ``tasks``: chunks of one recipe, none of them read straight into the output."""
+        recipe = tasks[0].spec.recipe
+        codecs = recipe.bytes_codecs
+        name = tasks[0].spec.name
+        if self.force is not None:
+            return [self.force] * len(tasks), None
+        if device.name != "gpu":
+            return ["host"] * len(tasks), None
+        if not codecs:  # staged only to be scattered: kvikio reads them with the batch
+            return ["batch"] * len(tasks), None
+        kind = stream_kind(codecs)
+        codec = compressor(codecs) or "crc32c"
+        if kind is None:  # crc32c alone
+            return ["batch"] * len(tasks), None
+        if decode == "gpu":
+            return ["batch"] * len(tasks), Decision(name, codec, len(tasks), 0, "decode='gpu'")
+        if decode == "cpu" or not decodes_on_gpu(kind, "auto", proven(codecs)):
+            why = "decode='cpu'" if decode == "cpu" else _HOST_ONLY.get(kind, "decoded safely on the CPU")
+            return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), why)
+        r = self.rates_for(kind, device)
+        threads = device.threads
+        sizes = np.array([t.spec.recipe.nbytes for t in tasks], dtype=np.float64)
+        k, tg, th = split(sizes, r, threads)
+        why = f"cost model: nvCOMP {tg * 1e3:.1f} ms beside {threads} CPU threads {th * 1e3:.1f} ms" + (
+            "" if r.measured else ", default rates"
+        )
+        return ["batch"] * k + ["host"] * (len(tasks) - k), Decision(name, codec, k, len(tasks) - k, why)
+
+
+_HOST_ONLY = {
+    "zstd": "nvCOMP's zstd decoder does not report damaged frames; decode='gpu' for trusted stores",
+    "lz4": "one LZ4 block per chunk: liblz4 on CPU threads is faster than nvCOMP",
+}
+
+
+def split(sizes: np.ndarray, r: Rates, threads: int) -> tuple[int, float, float]:
+    """How many of the chunks (the first ``k``) go to nvCOMP so that both processors end
+    together; returns ``k`` and both processors' estimated seconds."""
+    n = len(sizes)
+    best = (math.inf, 0, 0.0, 0.0)
+    # candidate shares: every count for small groups, 64 steps for large ones
+    for k in sorted(set(np.linspace(0, n, min(n, 64) + 1).round().astype(int).tolist())):
+        tg = r.gpu_seconds(sizes[:k])
+        th = r.host_seconds(sizes[k:], threads)
+        if max(tg, th) < best[0]:
+            best = (max(tg, th), k, tg, th)
+    return best[1], best[2], best[3]
+
+
+# -- calibration ----------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_cache: dict[str, Rates] = {}
+
+
+def cache_path() -> str:
+    """Where measured rates are kept (``CUPY_XARRAY_CACHE``, else ``~/.cache/cupy-xarray``)."""
+    root = os.environ.get("CUPY_XARRAY_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cupy-xarray"
+    )
+    return os.path.join(root, "decode-rates.json")
+
+
+def machine_key(device: Any) -> str:
+    """Names the machine the rates belong to: GPU model, core count, nvCOMP build."""
+    gpu = "none"
+    if device.name == "gpu":
+        props = device.xp.cuda.runtime.getDeviceProperties(device.xp.cuda.Device().id)
+        gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        from . import nvcomp_api
+
+        nvcomp_api.library()
+        nv = nvcomp_api._lib_version
+    else:
+        nv = 0
+    return f"{gpu}|{os.cpu_count()} cores|nvcomp {nv}"
+
+
+def rates(kind: str, device: Any) -> Rates:
+    """This machine's rates for ``kind``: from the cache file, else measured now and cached.
+
+    ``CUPY_XARRAY_CALIBRATE=0`` uses :data:`DEFAULT_RATES` without measuring.
+    """
+    if os.environ.get("CUPY_XARRAY_CALIBRATE", "1") == "0":
+        return DEFAULT_RATES[kind]
+    with _lock:
+        key = f"{machine_key(device)}|{kind}"
+        if key in _cache:
+            return _cache[key]
+        path = cache_path()
+        stored = _load(path)
+        if key in stored:
+            _cache[key] = Rates(**stored[key])
+            return _cache[key]
+        try:
+            measured = calibrate(kind, device)
+        except Exception as exc:  # noqa: BLE001 - a failed measurement falls back to the defaults
+            log.warning("could not measure %s decode rates (%s); using defaults", kind, exc)
+            measured = DEFAULT_RATES[kind]
+        _cache[key] = measured
+        stored[key] = asdict(measured)
+        _store(path, stored)
+        log.debug("decode rates for %s: %s", kind, measured)
+        return measured
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(path: str, data: dict) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only home: measure again next time
+        log.debug("cannot cache decode rates at %s: %s", path, exc)
+
+
+def sample_streams(kind: str, count: int, nbytes: int = 2**20) -> tuple[list[np.ndarray], int]:
+    """``count`` streams of ``kind`` holding ``nbytes`` of smooth float32 data each (as
+    geophysical fields compress), framed as zarr stores them."""
+    import zlib
+
+    n = nbytes // 4
+    x = np.linspace(0, 40 * np.pi, n, dtype=np.float32)
+    data = (np.round((np.sin(x) * 20 + 280) * 64) / 64).astype(np.float32).tobytes()
+    if kind == "zstd":
+        from numcodecs import Zstd
+
+        stream = Zstd(level=1).encode(data)
+    elif kind == "gzip":
+        from numcodecs import GZip
+
+        stream = GZip(level=1).encode(data)
+    elif kind == "zlib":
+        stream = zlib.compress(data, 1)
+    elif kind in ("lz4", "lz4-block"):
+        from numcodecs import LZ4
+
+        stream = LZ4().encode(data)
+        stream = stream[4:] if kind == "lz4-block" else stream
+    else:
+        raise ValueError(f"no sample for {kind}")
+    one = np.frombuffer(bytes(stream), dtype=np.uint8)
+    return [one.copy() for _ in range(count)], nbytes
+
+
+def calibrate(kind: str, device: Any) -> Rates:
+    """Measure ``kind``'s rates here: one CPU thread on a few 1 MiB streams, and nvCOMP on
+    1 and on 64 of them (about 0.1-0.5 s, once per machine and kind)."""
+    from .codecs import _cpu_decode_one
+
+    base = DEFAULT_RATES[kind]
+    streams, n = sample_streams(kind, 64)
+    out = np.empty(n, dtype=np.uint8)
+    _cpu_decode_one(kind, streams[0], n, out)
+    t0 = time.perf_counter()
+    for s in streams[:4]:
+        _cpu_decode_one(kind, s, n, out)
+    host = 4 * n / (time.perf_counter() - t0)
+    if device.name != "gpu" or not getattr(device.codecs, "available", False):
+        return Rates(host, base.gpu, base.gpu_stream, base.gpu_call, measured=True)
+    xp = device.xp
+    dev = [xp.asarray(s) for s in streams]
+
+    def run(count: int) -> float:
+        device.synchronize()
+        t = time.perf_counter()
+        device.codecs.decode(kind, dev[:count], [n] * count, decode="gpu")
+        device.synchronize()
+        return time.perf_counter() - t
+
+    run(1)  # loads nvCOMP's kernels
+    t1 = min(run(1) for _ in range(3))
+    t64 = min(run(64) for _ in range(2))
+    call = min(base.gpu_call, t1 / 2)
+    gpu = 63 * n / max(t64 - t1, 1e-6)
+    stream = n / max(t1 - call, 1e-6)
+    return Rates(host, gpu, stream, call, measured=True)
