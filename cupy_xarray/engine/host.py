@@ -20,7 +20,10 @@ threads than it has.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -98,10 +101,13 @@ def decode_chain(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.nd
     return data
 
 
-def _job(task: Any, out: Any, device: Any) -> None:
+def _job(task: Any, out: Any, device: Any, stats: dict | None = None) -> None:
     recipe = task.spec.recipe
     stored = _buffer("stored", task.nbytes)
+    t0 = time.perf_counter()
     _pread_into(ReadOp(task.path, task.offset, task.nbytes, stored, task.spec.name, task.key))
+    if stats is not None:
+        stats["host pread (thread-s)"] += time.perf_counter() - t0
     if device.name != "gpu":
         target = task.target if task.target is not None else None
         final = target if target is not None else _buffer("decoded", recipe.nbytes + 8)
@@ -112,7 +118,7 @@ def _job(task: Any, out: Any, device: Any) -> None:
             return
         _place_host(task, data, out)
         return
-    _job_gpu(task, stored, out, device)
+    _job_gpu(task, stored, out, device, stats)
 
 
 def _place_host(task: Any, data: np.ndarray, out: np.ndarray) -> None:
@@ -124,14 +130,16 @@ def _place_host(task: Any, data: np.ndarray, out: np.ndarray) -> None:
     scatter(np, out, task.piece.out_sel, select(np, chunk, task.piece.chunk_sel))
 
 
-def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any) -> None:
+def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict | None) -> None:
     from .codecs import pinned_buffer
 
     cupy = device.xp
     recipe = task.spec.recipe
     n = recipe.nbytes
+    t0 = time.perf_counter()
     pinned = pinned_buffer(n + 8) if recipe.bytes_codecs else None
     data = decode_chain(task, stored, pinned) if recipe.bytes_codecs else stored
+    t1 = time.perf_counter()
     if len(data) < n:
         raise task.error(f"chunk holds {len(data)} bytes, expected {n}")
     stream = _stream(cupy)
@@ -150,13 +158,18 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any) -> None:
             chunk = bytes_to_chunk(cupy, scratch, recipe)
             scatter(cupy, out, task.piece.out_sel, select(cupy, chunk, task.piece.chunk_sel))
         stream.synchronize()  # the host buffers are reused by this thread's next job
+    if stats is not None:
+        stats["host decode (thread-s)"] += t1 - t0
+        stats["host to GPU (thread-s)"] += time.perf_counter() - t1
 
 
 class Jobs:
     """The host route's jobs of one read, running."""
 
-    def __init__(self, futures: list) -> None:
+    def __init__(self, futures: list, stats: dict | None = None) -> None:
         self._futures = futures
+        #: thread-seconds per phase (with ``CUPY_XARRAY_PROFILE=1``)
+        self.stats = stats if stats is not None else {}
 
     def wait(self) -> None:
         """Wait for every job; raise the first task's error (in task order)."""
@@ -186,7 +199,8 @@ def start(tasks: list[Any], outs: list[Any], device: Any) -> Jobs:
     if device.name == "gpu":
         device.synchronize()  # the outputs' fill values are written before other streams write
     p = pool(device.threads)
-    return Jobs([p.submit(_job, t, outs[t.out], device) for t in tasks])
+    stats = defaultdict(float) if os.environ.get("CUPY_XARRAY_PROFILE") == "1" else None
+    return Jobs([p.submit(_job, t, outs[t.out], device, stats) for t in tasks], stats)
 
 
 @contextlib.contextmanager

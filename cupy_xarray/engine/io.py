@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -115,49 +116,59 @@ class PosixIO:
 # kvikio's thread pool is process-wide: raise it while reads of ours run, and restore the
 # user's setting once none has run for LINGER_S seconds (a refcount, so concurrent reads
 # don't race). Setting num_threads rebuilds kvikio's pool, so restoring after every read
-# would cost milliseconds per dask task.
+# would cost milliseconds per dask task; one watcher thread restores it (a timer per read
+# would start a thread per dask task).
 LINGER_S = 1.0
 _kvikio_lock = threading.Lock()
 _kvikio_users = 0
 _kvikio_saved: int | None = None
-_kvikio_timer: threading.Timer | None = None
+_kvikio_idle_since = 0.0
+_kvikio_watcher: threading.Thread | None = None
 
 
 def _kvikio_enter(threads: int) -> None:
-    global _kvikio_users, _kvikio_saved, _kvikio_timer
+    global _kvikio_users, _kvikio_saved
     import kvikio.defaults as kd
 
     with _kvikio_lock:
-        if _kvikio_timer is not None:
-            _kvikio_timer.cancel()
-            _kvikio_timer = None
-        current = kd.get("num_threads")
         if _kvikio_saved is None:
-            _kvikio_saved = current
-        if threads > current:
+            _kvikio_saved = kd.get("num_threads")
+        if threads > kd.get("num_threads"):
             kd.set("num_threads", threads)
         _kvikio_users += 1
 
 
 def _kvikio_exit() -> None:
-    global _kvikio_users, _kvikio_timer
+    global _kvikio_users, _kvikio_idle_since, _kvikio_watcher
     with _kvikio_lock:
         _kvikio_users -= 1
         if _kvikio_users == 0 and _kvikio_saved is not None:
-            _kvikio_timer = threading.Timer(LINGER_S, restore_kvikio_threads)
-            _kvikio_timer.daemon = True
-            _kvikio_timer.start()
+            _kvikio_idle_since = time.monotonic()
+            if _kvikio_watcher is None:
+                _kvikio_watcher = threading.Thread(target=_watch, name="cupy-xarray-kvikio", daemon=True)
+                _kvikio_watcher.start()
+
+
+def _watch() -> None:
+    """Restore kvikio's thread count once our reads have been idle for LINGER_S seconds."""
+    global _kvikio_watcher
+    while True:
+        time.sleep(LINGER_S / 4)
+        with _kvikio_lock:
+            if _kvikio_saved is None:
+                _kvikio_watcher = None
+                return
+            idle = _kvikio_users == 0 and time.monotonic() - _kvikio_idle_since >= LINGER_S
+        if idle:
+            restore_kvikio_threads()
 
 
 def restore_kvikio_threads() -> None:
     """Give kvikio back the thread count it had before our reads, now, if none is running."""
-    global _kvikio_saved, _kvikio_timer
+    global _kvikio_saved
     with _kvikio_lock:
         if _kvikio_users or _kvikio_saved is None:
             return
-        if _kvikio_timer is not None:
-            _kvikio_timer.cancel()
-            _kvikio_timer = None
         import kvikio.defaults as kd
 
         if kd.get("num_threads") != _kvikio_saved:

@@ -8,6 +8,7 @@ while one is decoded, the next one is already being read.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -610,11 +611,15 @@ def _routes(tasks: list[_Task], device: Device, decode: str, scheduler: Schedule
     return batched, on_host
 
 
-def _staging_limit(outs: list, batch_bytes: int) -> int:
-    """Bytes a batch may hold: ``batch_bytes``, and at most an eighth of the outputs (two
-    batches are in flight: their staging then stays under a quarter of the output)."""
+def _staging_limit(outs: list, batch_bytes: int, decode: str) -> int:
+    """Bytes a batch may hold: ``batch_bytes``, and for ``decode="auto"``/``"cpu"`` at most an
+    eighth of the outputs or 256 MiB (two batches are in flight: their staging then stays
+    near a quarter of the output). ``decode="gpu"`` favours nvCOMP's throughput, which grows
+    with the streams per call: its batches hold up to ``batch_bytes``."""
+    if decode == "gpu":
+        return max(1, batch_bytes)
     out = sum(int(getattr(o, "nbytes", 0)) for o in outs if o is not None)
-    return max(1, min(batch_bytes, max(64 * 2**20, out // 8)))
+    return max(1, min(batch_bytes, max(256 * 2**20, out // 8)))
 
 
 def _read_arrays(requests, device, batch_bytes, progress, decode, scheduler) -> list[Any]:
@@ -634,7 +639,8 @@ def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler
     tasks: list[_Task] = []
     clock = _Clock(device)
     for i, (spec, nsel) in enumerate(normalized):
-        log.debug(describe(spec, device, decode))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(describe(spec, device, decode))
         if isinstance(device, PrototypeDevice) or spec.fallback:
             _check_files_zarr_reads(spec, nsel)
             outs[i] = _zarr_read(spec, nsel, device)
@@ -656,7 +662,7 @@ def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler
     if not tasks:
         return outs
     batched, on_host = _routes(tasks, device, decode, scheduler)
-    batches = _batches(batched, _staging_limit(outs, batch_bytes)) if batched else []
+    batches = _batches(batched, _staging_limit(outs, batch_bytes, decode)) if batched else []
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -666,7 +672,8 @@ def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler
     pending: list = []
     jobs = None
     try:
-        with device.io.session(device.threads) as session:
+        # reads of the host route alone need no session (kvikio's setup costs every dask task)
+        with device.io.session(device.threads) if batches else contextlib.nullcontext() as session:
             try:
                 jobs = host.start(on_host, outs, device)
                 if batches:
@@ -685,6 +692,7 @@ def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler
                         bar.update(sum(t.direct[1] if t.direct else t.nbytes for t in batch))
                 jobs.wait()
                 clock.lap("host route")
+                clock.stats.update(jobs.stats)
                 if bar is not None:
                     bar.update(sum(t.nbytes for t in on_host))
             except BaseException:

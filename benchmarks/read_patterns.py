@@ -1,0 +1,352 @@
+"""The reads users make, on tiled and slab stores, beside zarr's GPU mode and the CPU peers.
+
+Usage (on a GPU machine; zarrs and tensorstore are optional peers)::
+
+    python benchmarks/read_patterns.py --dir /tmp/bench --size-gib 2 --json out.json
+
+Stores: float32 ``(T, 2048, 2048)`` of smooth data, written by zarr-python the ordinary way:
+4 MiB tiles ``(4, 512, 512)`` (a chunk is not one run of the output) uncompressed, zstd-1,
+Blosc lz4 + shuffle, numcodecs LZ4 and gzip-1; 16 MiB slabs ``(1, 2048, 2048)`` uncompressed
+and zstd-1; 1 MiB tiles ``(1, 512, 512)`` zstd-1. For each store, in one run:
+
+- eager full loads: ``engine="kvikio"`` with ``decode="auto"``, ``"gpu"`` and ``"cpu"``;
+  zarr's GPU mode; the zarrs codec pipeline and tensorstore, each + ``cupy.asarray``;
+- dask: ``chunks={}`` (the store's own chunks) ``.compute()``, and 256 MiB chunks
+  ``.compute()`` and ``.mean().compute()``;
+- latency (median of 15): a one-chunk selection and a 1 % selection, engine and zarr's GPU
+  mode;
+- 16 threads each reading random ``(1, 256, 256)`` selections, against one thread.
+
+It prints GB/s of decoded bytes, ratios to zarr's GPU mode and to the engine's eager read,
+peak GPU memory over the output, the scheduler's decisions, and writes ``--json`` for the
+docs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+from read_throughput import PeakGPUMemory, run_meta, smooth_field
+
+SIDE = 2048
+
+
+def store_specs(t: int) -> dict[str, dict]:
+    import zarr
+    from zarr.codecs import numcodecs as zn
+
+    zstd = zarr.codecs.ZstdCodec(level=1)
+    tiles, slabs, small = (4, 512, 512), (1, SIDE, SIDE), (1, 512, 512)
+    return {
+        "uncompressed tiles": dict(t=t, chunks=tiles, compressors=None),
+        "uncompressed slabs": dict(t=t, chunks=slabs, compressors=None),
+        "zstd tiles": dict(t=t, chunks=tiles, compressors=zstd),
+        "zstd slabs 16MiB": dict(t=t, chunks=slabs, compressors=zstd),
+        "zstd tiles 1MiB": dict(t=t, chunks=small, compressors=zstd),
+        "blosc-lz4 tiles": dict(
+            t=t, chunks=tiles, compressors=zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+        ),
+        "lz4 tiles": dict(t=t, chunks=tiles, compressors=zn.LZ4()),
+        "gzip tiles": dict(t=max(8, t // 4), chunks=tiles, compressors=zarr.codecs.GzipCodec(level=1)),
+    }
+
+
+def write_store(path: Path, spec: dict) -> None:
+    import xarray as xr
+
+    if (path / "zarr.json").exists():
+        return
+    data = smooth_field((spec["t"], SIDE, SIDE))
+    enc = {"field": {"chunks": spec["chunks"], "compressors": spec["compressors"]}}
+    xr.Dataset({"field": (("t", "y", "x"), data)}).to_zarr(
+        path, mode="w", zarr_format=3, consolidated=True, encoding=enc
+    )
+
+
+def sync():
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+
+
+def best_of(fn, repeat: int, cap_s: float = 20.0) -> tuple[float, float]:
+    """Best seconds of ``repeat`` runs after a warm-up, and the peak GPU memory of one more
+    (a warm-up slower than ``cap_s`` is the figure, with its memory: nothing is repeated)."""
+    import cupy
+
+    t0 = time.perf_counter()
+    with PeakGPUMemory() as mem:
+        out = fn()
+        sync()
+        del out
+    if time.perf_counter() - t0 > cap_s:
+        return time.perf_counter() - t0, mem.used
+    best = float("inf")
+    for _ in range(repeat):
+        cupy.get_default_memory_pool().free_all_blocks()
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+        del out
+    with PeakGPUMemory() as mem:
+        out = fn()
+        sync()
+        del out
+    return best, mem.used
+
+
+def median_latency(fn, count: int = 15) -> float:
+    fn()
+    sync()
+    times = []
+    for i in range(count):
+        t0 = time.perf_counter()
+        out = fn(i)
+        sync()
+        times.append(time.perf_counter() - t0)
+        del out
+    return statistics.median(times)
+
+
+def eager_paths(path: Path, threads: int, has_lz4: bool) -> dict:
+    import cupy
+    import xarray as xr
+    import zarr
+
+    def engine(decode):
+        return lambda: xr.open_dataset(path, engine="kvikio", threads=threads, decode=decode)["field"].data
+
+    def zarr_gpu():
+        with zarr.config.enable_gpu():
+            return zarr.open_array(path / "field", mode="r")[:]
+
+    def zarrs():
+        with zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}):
+            return cupy.asarray(zarr.open_array(path / "field", mode="r")[:])
+
+    def tensorstore():
+        import tensorstore as ts
+
+        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path / "field")}}
+        return cupy.asarray(ts.open(spec, read=True).result().read().result())
+
+    paths = {
+        "engine auto": engine("auto"),
+        "engine decode=gpu": engine("gpu"),
+        "engine decode=cpu": engine("cpu"),
+        "zarr GPU mode": zarr_gpu,
+        "zarrs + asarray": zarrs,
+    }
+    if not has_lz4:
+        paths["tensorstore + asarray"] = tensorstore
+    return paths
+
+
+def dask_paths(path: Path, threads: int, t_len: int, chunk_t: int) -> dict:
+    import xarray as xr
+
+    def own_chunks():
+        return xr.open_dataset(path, engine="kvikio", threads=threads, chunks={})["field"].data.compute()
+
+    def big_chunks():
+        ds = xr.open_dataset(path, engine="kvikio", threads=threads, chunks={"t": chunk_t, "y": -1, "x": -1})
+        return ds["field"].data.compute()
+
+    def big_mean():
+        ds = xr.open_dataset(path, engine="kvikio", threads=threads, chunks={"t": chunk_t, "y": -1, "x": -1})
+        return ds["field"].mean().data.compute()
+
+    return {"dask chunks={}": own_chunks, "dask 256MiB": big_chunks, "dask 256MiB .mean()": big_mean}
+
+
+def threads_small(path: Path, threads: int, readers: int, per_reader: int) -> float:
+    """Selections per second of ``readers`` threads, each reading random (1, 256, 256) windows."""
+    import xarray as xr
+
+    ds = xr.open_dataset(path, engine="kvikio", threads=threads)
+    field = ds["field"]
+    t_len = field.shape[0]
+
+    def work(k: int) -> None:
+        rng = np.random.default_rng(k)
+        for _ in range(per_reader):
+            t, y, x = int(rng.integers(t_len)), int(rng.integers(SIDE - 256)), int(rng.integers(SIDE - 256))
+            _ = field[t, y : y + 256, x : x + 256].data
+        sync()
+
+    work(99)  # warm
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(readers)]
+    t0 = time.perf_counter()
+    for p in pool:
+        p.start()
+    for p in pool:
+        p.join()
+    return readers * per_reader / (time.perf_counter() - t0)
+
+
+def measure(name: str, path: Path, args) -> dict:
+    import cupy
+    import xarray as xr
+    import zarr
+
+    from cupy_xarray.engine import reader
+
+    arr = zarr.open_array(path / "field", mode="r")
+    nbytes = arr.nbytes
+    stored = sum(f.stat().st_size for f in (path / "field").rglob("*") if f.is_file())
+    row = {"store": name, "GiB": nbytes / 2**30, "ratio": nbytes / stored, "chunks": arr.chunks, "paths": {}}
+    has_lz4 = name.startswith("lz4")
+    gb = nbytes / 1e9
+
+    def record(label, fn, repeat, scale=1.0):
+        try:
+            t, peak = best_of(fn, repeat)
+            row["paths"][label] = {"GBps": gb * scale / t, "peak_x": peak / (nbytes * scale)}
+            print(
+                f"  {name:>19} {label:<22} {gb * scale / t:7.2f} GB/s  peak {peak / (nbytes * scale):5.2f}x",
+                flush=True,
+            )
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot read this store
+            row["paths"][label] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            print(f"  {name:>19} {label:<22} failed: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
+
+    for label, fn in eager_paths(path, args.threads, has_lz4).items():
+        slow = label not in ("engine auto", "engine decode=gpu")
+        record(label, fn, 1 if slow else args.repeat)
+        if label == "engine auto":
+            row["decisions"] = [str(d) for d in reader.last_read_decisions]
+            print(f"  {name:>19} scheduler: {row['decisions']}", flush=True)
+    t_len = arr.shape[0]
+    chunk_t = max(1, 256 * 2**20 // (SIDE * SIDE * 4))
+    for label, fn in dask_paths(path, args.threads, t_len, chunk_t).items():
+        record(label, fn, 1)
+
+    # latency of small selections, engine beside zarr's GPU mode
+    ct, cy, cx = arr.chunks
+    ds = xr.open_dataset(path, engine="kvikio", threads=args.threads)
+    z = zarr.open_array(path / "field", mode="r")
+    rng = np.random.default_rng(0)
+    starts = [
+        (
+            int(rng.integers(t_len // ct)) * ct,
+            int(rng.integers(SIDE // cy)) * cy,
+            int(rng.integers(SIDE // cx)) * cx,
+        )
+        for _ in range(16)
+    ]
+
+    def one(i=0):
+        s = starts[i]
+        return ds["field"][s[0] : s[0] + ct, s[1] : s[1] + cy, s[2] : s[2] + cx].data
+
+    pct = (slice(0, max(1, t_len // 4)), slice(0, 410), slice(0, 410))
+
+    def one_pct(i=0):
+        return ds["field"][pct].data
+
+    def zarr_one(i=0):
+        with zarr.config.enable_gpu():
+            zg = zarr.open_array(path / "field", mode="r")
+            s = starts[i]
+            return zg[s[0] : s[0] + ct, s[1] : s[1] + cy, s[2] : s[2] + cx]
+
+    def zarr_pct(i=0):
+        with zarr.config.enable_gpu():
+            return zarr.open_array(path / "field", mode="r")[pct]
+
+    lat = {}
+    for label, fn in [("engine one chunk", one), ("zarr GPU one chunk", zarr_one),
+                      ("engine 1%", one_pct), ("zarr GPU 1%", zarr_pct)]:  # fmt: skip
+        try:
+            lat[label] = median_latency(fn)
+        except Exception as exc:  # noqa: BLE001
+            lat[label] = float("nan")
+            print(f"  {name:>19} {label} failed: {exc}")
+    del z
+    row["latency_ms"] = {k: v * 1e3 for k, v in lat.items()}
+    print(f"  {name:>19} latency ms: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in lat.items()), flush=True)
+    try:
+        one_thread = threads_small(path, args.threads, 1, 64)
+        many = threads_small(path, args.threads, 16, 64)
+        row["threads"] = {"one": one_thread, "sixteen": many, "x": many / one_thread}
+        print(f"  {name:>19} small selections/s: 1 thread {one_thread:.0f}, 16 threads {many:.0f} "
+              f"({many / one_thread:.1f}x)", flush=True)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        row["threads"] = {"error": str(exc)}
+    cupy.get_default_memory_pool().free_all_blocks()
+    return row
+
+
+def table(results: list[dict]) -> None:
+    print("\n| store | ratio | path | GB/s | × zarr GPU | × engine eager | peak / output |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for row in results:
+        p = row["paths"]
+        zg = p.get("zarr GPU mode", {}).get("GBps")
+        eng = p.get("engine auto", {}).get("GBps")
+        for label, r in p.items():
+            if "error" in r:
+                print(f"| {row['store']} | {row['ratio']:.2f} | {label} | failed | | | |")
+                continue
+            v = r["GBps"]
+            print(
+                f"| {row['store']} | {row['ratio']:.2f} | {label} | {v:.2f} | "
+                f"{v / zg:.2f} | {v / eng:.2f} | {r['peak_x']:.2f} |"
+                if zg and eng
+                else f"| {row['store']} | {row['ratio']:.2f} | {label} | {v:.2f} | | | {r['peak_x']:.2f} |"
+            )
+    print("\n| store | one chunk, engine / zarr GPU (ms) | 1 %, engine / zarr GPU (ms) | 16 threads × one |")
+    print("| --- | ---: | ---: | ---: |")
+    for row in results:
+        lat, th = row["latency_ms"], row.get("threads", {})
+        print(
+            f"| {row['store']} | {lat['engine one chunk']:.2f} / {lat['zarr GPU one chunk']:.2f} | "
+            f"{lat['engine 1%']:.2f} / {lat['zarr GPU 1%']:.2f} | {th.get('x', float('nan')):.1f} |"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", default="/tmp/cupy-xarray-patterns")
+    ap.add_argument("--size-gib", type=float, default=2.0)
+    ap.add_argument("--stores", default="all")
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    root = Path(args.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    import cupy
+
+    _ = float(cupy.arange(1024, dtype=cupy.float32).mean())  # compile cupy's kernels before timing
+    t = max(8, int(args.size_gib * 2**30 / (SIDE * SIDE * 4)) // 4 * 4)
+    specs = store_specs(t)
+    names = list(specs) if args.stores == "all" else args.stores.split(",")
+    results = []
+    for name in names:
+        path = root / (name.replace(" ", "-") + ".zarr")
+        t0 = time.time()
+        write_store(path, specs[name])
+        print(f"{name}: written in {time.time() - t0:.0f} s", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            results.append(measure(name, path, args))
+        if args.json:  # after every store: a run cut short keeps what it measured
+            Path(args.json).write_text(
+                json.dumps({"meta": run_meta(), "rows": results}, indent=1, default=str)
+            )
+    table(results)
+
+
+if __name__ == "__main__":
+    main()
