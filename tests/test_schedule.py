@@ -232,3 +232,61 @@ def test_concurrent_mixed_reads(tmp_path, device):
 
     errors = run_in_threads(work, 16)
     assert not errors, errors[:3]
+
+
+def test_reads_refine_the_rates(tmp_path, monkeypatch):
+    """A read's own timings move the rates halfway to what it measured (file and memory);
+    routes with few chunks, and schedulers given their rates, leave them alone."""
+    monkeypatch.setenv("CUPY_XARRAY_CACHE", str(tmp_path))
+    monkeypatch.setattr(sch, "_cache", {})
+    monkeypatch.setattr(sch, "calibrate", lambda kind, dev: Rates(1e9, 10e9, 1e9, 1e-3, True))
+    cpu = resolve_device("cpu")
+    assert sch.rates("gzip", cpu).reads == 0
+    d = sch.Decision("a", "gzip", gpu=100, host=100, why="", kind="gzip", key=1, learns=True)
+    fixed = 1e-3 + 1e6 / 1e9
+    sch.learn(d, cpu, gpu_seconds=fixed + 0.1, host_thread_seconds=1.0, nbytes=10**6)
+    r = sch.rates("gzip", cpu)
+    assert r.host_thread == pytest.approx(0.5e9 + 0.5e8) and r.gpu == pytest.approx(0.5 * 10e9 + 0.5 * 1e9)
+    assert r.reads == 1
+    monkeypatch.setattr(sch, "_cache", {})
+    assert sch.rates("gzip", cpu) == r  # kept in the cache file
+    few = sch.Decision("a", "gzip", gpu=3, host=3, why="", kind="gzip", key=1, learns=True)
+    sch.learn(few, cpu, 1.0, 1.0, 10**6)
+    sch.learn(sch.Decision("a", "gzip", 100, 100, "", "gzip", 1, learns=False), cpu, 9.0, 9.0, 10**6)
+    assert sch.rates("gzip", cpu) == r
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_byte_span_holds_the_selection(seed):
+    """Small selections of uncompressed chunks read only the bytes from their first element
+    to their last."""
+    from cupy_xarray.engine.host import byte_span
+
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(n) for n in rng.integers(1, 9, size=int(rng.integers(1, 4))))
+    recipe = ChunkRecipe(shape, np.dtype("f8"))
+    sel = []
+    for n in shape:
+        k = int(rng.integers(3))
+        if k == 0:
+            sel.append(int(rng.integers(n)))
+        elif k == 1:
+            a = int(rng.integers(n))
+            sel.append(slice(a, int(rng.integers(a, n + 1)), int(rng.integers(1, 3))))
+        else:
+            sel.append(np.unique(rng.integers(0, n, size=int(rng.integers(1, 4)))))
+    flat = np.arange(int(np.prod(shape))).reshape(shape)
+    picked = (
+        flat[tuple(s if not isinstance(s, np.ndarray) else s for s in sel)]
+        if all(not isinstance(s, np.ndarray) for s in sel)
+        else flat[np.ix_(*[np.atleast_1d(np.arange(n)[s]) for s, n in zip(sel, shape)])]
+    )
+    lo, hi = byte_span(recipe, tuple(sel))
+    if picked.size == 0:
+        assert hi <= lo
+    else:
+        assert (lo, hi) == (int(picked.min()) * 8, (int(picked.max()) + 1) * 8)
+    assert byte_span(ChunkRecipe(shape, np.dtype("f8"), bytes_codecs=("zstd",)), tuple(sel)) == (
+        0,
+        recipe.nbytes,
+    )

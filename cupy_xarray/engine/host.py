@@ -101,11 +101,46 @@ def decode_chain(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.nd
     return data
 
 
+def _timed_job(task: Any, out: Any, device: Any, stats: dict | None, spent: list) -> None:
+    t0 = time.perf_counter()
+    try:
+        _job(task, out, device, stats)
+    finally:
+        spent.append((id(task.spec.recipe), time.perf_counter() - t0))  # (append: thread-safe)
+
+
+def byte_span(recipe: Any, chunk_sel: tuple) -> tuple[int, int]:
+    """The bytes of an uncompressed C-order chunk that hold a selection: from its first
+    element to its last (a small selection of a large chunk reads only these)."""
+    if recipe.bytes_codecs or recipe.transpose is not None or (recipe.order == "F" and len(recipe.shape) > 1):
+        return 0, recipe.nbytes
+    first, last = [], []
+    for s, n in zip(chunk_sel, recipe.shape):
+        if isinstance(s, int):
+            first.append(s), last.append(s)
+        elif isinstance(s, slice):
+            idx = range(*s.indices(n))
+            if not len(idx):
+                return 0, 0
+            first.append(idx[0]), last.append(idx[-1])
+        else:
+            if not len(s):
+                return 0, 0
+            first.append(int(np.min(s))), last.append(int(np.max(s)))
+    strides = np.cumprod((recipe.shape[1:] + (1,))[::-1])[::-1]
+    lo = int(np.dot(first, strides)) * recipe.dtype.itemsize
+    hi = (int(np.dot(last, strides)) + 1) * recipe.dtype.itemsize
+    return lo, hi
+
+
 def _job(task: Any, out: Any, device: Any, stats: dict | None = None) -> None:
     recipe = task.spec.recipe
     stored = _buffer("stored", task.nbytes)
     t0 = time.perf_counter()
-    _pread_into(ReadOp(task.path, task.offset, task.nbytes, stored, task.spec.name, task.key))
+    lo, hi = (0, task.nbytes) if recipe.bytes_codecs else byte_span(recipe, task.piece.chunk_sel)
+    if hi > lo:
+        op = ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key)
+        _pread_into(op)
     if stats is not None:
         stats["host pread (thread-s)"] += time.perf_counter() - t0
     if device.name != "gpu":
@@ -118,7 +153,7 @@ def _job(task: Any, out: Any, device: Any, stats: dict | None = None) -> None:
             return
         _place_host(task, data, out)
         return
-    _job_gpu(task, stored, out, device, stats)
+    _job_gpu(task, stored, out, device, stats, (lo, hi))
 
 
 def _place_host(task: Any, data: np.ndarray, out: np.ndarray) -> None:
@@ -130,7 +165,7 @@ def _place_host(task: Any, data: np.ndarray, out: np.ndarray) -> None:
     scatter(np, out, task.piece.out_sel, select(np, chunk, task.piece.chunk_sel))
 
 
-def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict | None) -> None:
+def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict | None, span: tuple) -> None:
     from .codecs import pinned_buffer
 
     cupy = device.xp
@@ -154,7 +189,9 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
             rt.memcpyAsync(out.data.ptr + d, src + s, k, h2d, stream.ptr)
         else:
             scratch = cupy.empty(n, dtype=cupy.uint8)
-            rt.memcpyAsync(scratch.data.ptr, src, n, h2d, stream.ptr)
+            lo, hi = span if not recipe.bytes_codecs else (0, n)  # only the bytes read
+            if hi > lo:
+                rt.memcpyAsync(scratch.data.ptr + lo, src + lo, hi - lo, h2d, stream.ptr)
             chunk = bytes_to_chunk(cupy, scratch, recipe)
             scatter(cupy, out, task.piece.out_sel, select(cupy, chunk, task.piece.chunk_sel))
         stream.synchronize()  # the host buffers are reused by this thread's next job
@@ -166,10 +203,18 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
 class Jobs:
     """The host route's jobs of one read, running."""
 
-    def __init__(self, futures: list, stats: dict | None = None) -> None:
+    def __init__(self, futures: list, stats: dict | None = None, spent: list | None = None) -> None:
         self._futures = futures
         #: thread-seconds per phase (with ``CUPY_XARRAY_PROFILE=1``)
         self.stats = stats if stats is not None else {}
+        self._spent = spent if spent is not None else []
+
+    def spent(self) -> dict[int, float]:
+        """Thread-seconds per recipe (``id(recipe)``), once the jobs have ended."""
+        out: dict[int, float] = defaultdict(float)
+        for key, seconds in self._spent:
+            out[key] += seconds
+        return out
 
     def wait(self) -> None:
         """Wait for every job; raise the first task's error (in task order)."""
@@ -200,7 +245,8 @@ def start(tasks: list[Any], outs: list[Any], device: Any) -> Jobs:
         device.synchronize()  # the outputs' fill values are written before other streams write
     p = pool(device.threads)
     stats = defaultdict(float) if os.environ.get("CUPY_XARRAY_PROFILE") == "1" else None
-    return Jobs([p.submit(_job, t, outs[t.out], device, stats) for t in tasks], stats)
+    spent: list = []
+    return Jobs([p.submit(_timed_job, t, outs[t.out], device, stats, spent) for t in tasks], stats, spent)
 
 
 @contextlib.contextmanager

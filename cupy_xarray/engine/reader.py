@@ -37,7 +37,7 @@ from .io import ReadOp
 from .nvcomp_api import DecodeTimeout
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
 from .scatter import bytes_to_chunk, scatter, select
-from .schedule import Decision, Scheduler, proven, stream_kind
+from .schedule import Decision, Scheduler, learn, proven, stream_kind
 from .shards import EMPTY, read_shard_index
 from .spec import ArraySpec
 
@@ -57,6 +57,7 @@ class _Clock:
         self.device = device
         self.exact = os.environ.get("CUPY_XARRAY_PROFILE") == "1"
         self.stats: dict[str, float] = defaultdict(float)
+        self.groups: dict[int, float] = defaultdict(float)  # decode seconds per recipe
         self.t = time.perf_counter()
 
     def lap(self, phase: str) -> None:
@@ -414,9 +415,11 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decod
     for t in staged:
         groups.setdefault(id(t.spec.recipe), []).append(t)
     xp = device.xp
-    for group in groups.values():
+    for key, group in groups.items():
+        t0 = time.perf_counter()
         if group[0].spec.recipe.bytes_codecs:
             _decode_group(group, device, clock, decode)
+            clock.groups[key] += time.perf_counter() - t0
         for t in group:
             if t.landed:
                 continue
@@ -591,7 +594,7 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
 
 
-def _routes(tasks: list[_Task], device: Device, decode: str, scheduler: Scheduler) -> tuple[list, list]:
+def _routes(tasks: list[_Task], device: Device, decode: str, scheduler: Scheduler) -> tuple[list, list, list]:
     """Split the tasks into those read with the batches and those of the host route."""
     batched, on_host, groups = [], [], {}
     for t in tasks:
@@ -608,7 +611,20 @@ def _routes(tasks: list[_Task], device: Device, decode: str, scheduler: Schedule
             decisions.append(decision)
             log.debug("decode: %s", decision)
     last_read_decisions[:] = decisions
-    return batched, on_host
+    return batched, on_host, decisions
+
+
+def _learn(
+    decisions: list[Decision], tasks: list[_Task], device: Device, clock: _Clock, jobs: host.Jobs
+) -> None:
+    """Hand the read's own timings of each scheduled group to the scheduler's rates."""
+    if not decisions:
+        return
+    spent = jobs.spent()
+    sizes = {id(t.spec.recipe): t.spec.recipe.nbytes for t in tasks}
+    for d in decisions:
+        if d.learns and d.key in sizes:
+            learn(d, device, clock.groups.get(d.key, 0.0), spent.get(d.key, 0.0), sizes[d.key])
 
 
 def _staging_limit(outs: list, batch_bytes: int, decode: str) -> int:
@@ -661,7 +677,7 @@ def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler
     clock.lap("plan")
     if not tasks:
         return outs
-    batched, on_host = _routes(tasks, device, decode, scheduler)
+    batched, on_host, decisions = _routes(tasks, device, decode, scheduler)
     batches = _batches(batched, _staging_limit(outs, batch_bytes, decode)) if batched else []
     bar = None
     if progress:
@@ -693,6 +709,7 @@ def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler
                 jobs.wait()
                 clock.lap("host route")
                 clock.stats.update(jobs.stats)
+                _learn(decisions, tasks, device, clock, jobs)
                 if bar is not None:
                     bar.update(sum(t.nbytes for t in on_host))
             except BaseException:

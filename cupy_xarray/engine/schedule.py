@@ -75,6 +75,8 @@ class Rates:
         Seconds one batched call costs whatever its size.
     measured
         Whether the figures were measured here (else: defaults measured on an H200 host).
+    reads
+        How many reads' own timings refined them since (:func:`learn`).
     """
 
     host_thread: float
@@ -82,6 +84,7 @@ class Rates:
     gpu_stream: float
     gpu_call: float
     measured: bool = False
+    reads: int = 0  # reads whose timings refined the figures (:func:`learn`)
 
     def gpu_seconds(self, sizes: np.ndarray, stream_bytes: float | None = None) -> float:
         """Seconds for chunks of ``sizes`` decoded bytes in one call; ``stream_bytes``: the
@@ -119,6 +122,9 @@ class Decision:
     gpu: int
     host: int
     why: str
+    kind: str = ""
+    key: int = 0  # the recipe's id: what the read's timings are filed under
+    learns: bool = False  # the rates came from :func:`rates` (the read refines them)
 
     def __str__(self) -> str:
         where = f"{self.gpu} chunks to nvCOMP, {self.host} to CPU threads"
@@ -164,11 +170,12 @@ class Scheduler:
         codec = compressor(codecs) or "crc32c"
         if kind is None:  # crc32c alone
             return ["batch"] * len(tasks), None
+        key = id(recipe)
         if decode == "gpu":
-            return ["batch"] * len(tasks), Decision(name, codec, len(tasks), 0, "decode='gpu'")
+            return ["batch"] * len(tasks), Decision(name, codec, len(tasks), 0, "decode='gpu'", kind, key)
         if decode == "cpu" or not decodes_on_gpu(kind, "auto", proven(codecs)):
             why = "decode='cpu'" if decode == "cpu" else _HOST_ONLY.get(kind, "decoded safely on the CPU")
-            return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), why)
+            return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), why, kind, key)
         r = self.rates_for(kind, device)
         threads = device.threads
         sizes = np.array([t.spec.recipe.nbytes for t in tasks], dtype=np.float64)
@@ -178,7 +185,8 @@ class Scheduler:
         why = f"cost model: nvCOMP {tg * 1e3:.1f} ms beside {threads} CPU threads {th * 1e3:.1f} ms" + (
             "" if r.measured else ", default rates"
         )
-        return ["batch"] * k + ["host"] * (len(tasks) - k), Decision(name, codec, k, len(tasks) - k, why)
+        decision = Decision(name, codec, k, len(tasks) - k, why, kind, key, learns=self._rates is None)
+        return ["batch"] * k + ["host"] * (len(tasks) - k), decision
 
 
 #: uncompressed reads up to this size go the host route (pread, one copy): their setup is cheaper
@@ -253,8 +261,11 @@ def rates(kind: str, device: Any) -> Rates:
         path = cache_path()
         stored = _load(path)
         if key in stored:
-            _cache[key] = Rates(**stored[key])
-            return _cache[key]
+            try:
+                _cache[key] = Rates(**stored[key])
+                return _cache[key]
+            except TypeError:  # written by another version: measure again
+                pass
         try:
             measured = calibrate(kind, device)
         except Exception as exc:  # noqa: BLE001 - a failed measurement falls back to the defaults
@@ -265,6 +276,48 @@ def rates(kind: str, device: Any) -> Rates:
         _store(path, stored)
         log.debug("decode rates for %s: %s", kind, measured)
         return measured
+
+
+#: chunks a route must have decoded in a read for its timing to refine the rates
+LEARN_MIN_CHUNKS = 8
+
+
+def learn(
+    decision: Decision, device: Any, gpu_seconds: float, host_thread_seconds: float, nbytes: int
+) -> None:
+    """Refine this machine's rates for ``decision.kind`` from a read's own timings.
+
+    ``gpu_seconds``: wall time of the batches' decodes of that group; ``host_thread_seconds``:
+    the CPU threads' time on its chunks; ``nbytes``: decoded bytes of one chunk. Synthetic
+    samples decode unlike real data (a smooth field with noise decodes slower than a sine
+    wave on the CPU, and many more streams fill the GPU); what a read of the user's own
+    store measured moves the figures halfway there each time.
+    """
+    if not decision.learns or not decision.kind:
+        return
+    with _lock:
+        key = f"{machine_key(device)}|{decision.kind}"
+        r = _cache.get(key)
+        if r is None:
+            return
+        host, gpu = r.host_thread, r.gpu
+        if decision.host >= LEARN_MIN_CHUNKS and host_thread_seconds > 0:
+            host = 0.5 * host + 0.5 * decision.host * nbytes / host_thread_seconds
+        if decision.gpu >= LEARN_MIN_CHUNKS and gpu_seconds > 0:
+            fixed = (
+                r.gpu_call
+                + min(nbytes, BLOSC_STREAM_BYTES if decision.codec.startswith("blosc-") else nbytes)
+                / r.gpu_stream
+            )
+            spent = max(gpu_seconds - fixed, 0.25 * gpu_seconds)
+            gpu = 0.5 * gpu + 0.5 * decision.gpu * nbytes / spent
+        if (host, gpu) == (r.host_thread, r.gpu):
+            return
+        _cache[key] = new = Rates(host, gpu, r.gpu_stream, r.gpu_call, r.measured, r.reads + 1)
+        stored = _load(cache_path())
+        stored[key] = asdict(new)
+        _store(cache_path(), stored)
+        log.debug("decode rates for %s refined by a read: %s", decision.kind, new)
 
 
 def _load(path: str) -> dict:
