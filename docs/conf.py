@@ -75,7 +75,7 @@ def _benchmark_run(path: Path) -> tuple[list, dict]:
     meta = doc.get("meta", {}) if isinstance(doc, dict) else {}
     missing = [k for k in _META if not meta.get(k)]
     if missing or not doc.get("rows"):
-        raise RuntimeError(f"{path} lacks {missing or 'rows'}: write it with benchmarks/read_throughput.py --json")
+        raise RuntimeError(f"{path} lacks {missing or 'rows'}: write it with the benchmark's --json")
     return doc["rows"], meta
 
 
@@ -89,9 +89,7 @@ def _benchmark_table(path: Path) -> str:
     for r in rows:
         store = f"{r['store']} ({r['GiB']:.2f} GiB, ratio {r['ratio']:.2f})"
         for name, v in r["paths"].items():
-            ratios = [
-                f"{v['GBps'] / r['paths'][b]['GBps']:.2f}" if b in r["paths"] else "-" for b in bases
-            ]
+            ratios = [f"{v['GBps'] / r['paths'][b]['GBps']:.2f}" if b in r["paths"] else "-" for b in bases]
             lines.append(
                 f"| {store} | {name} | {v['GBps']:.2f} | " + " | ".join(ratios) + f" | {v['peak_GiB']:.2f} |"
             )
@@ -101,7 +99,11 @@ def _benchmark_table(path: Path) -> str:
                 f"| {store} | GPU {t['kind']} check of the decoded chunks | "
                 f"{r['GiB'] * 2**30 / t['seconds'] / 1e9:.0f} | " + " | ".join("-" for _ in bases) + " | - |"
             )
-    lines += [
+    return "\n".join(lines + _run_facts(meta))
+
+
+def _run_facts(meta: dict) -> list[str]:
+    return [
         "",
         f"Measured on {meta['date']}, {meta['hardware']}; {meta['software']}; commit `{meta['commit']}`:",
         "",
@@ -110,7 +112,44 @@ def _benchmark_table(path: Path) -> str:
         "```",
         "",
     ]
-    return "\n".join(lines)
+
+
+def _patterns_tables(path: Path) -> str:
+    """Tables of a ``benchmarks/read_patterns.py --json`` run: GB/s per store and read path
+    with ratios and peak memory, then latencies, threads and the scheduler's choices."""
+    rows, meta = _benchmark_run(path)
+    lines = [
+        "| store | ratio | read | GB/s | × zarr GPU | × engine eager | peak / output |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        p = r["paths"]
+        zg, eng = p.get("zarr GPU mode", {}).get("GBps"), p.get("engine auto", {}).get("GBps")
+        for name, v in p.items():
+            if "error" in v:
+                lines.append(f"| {r['store']} | {r['ratio']:.2f} | {name} | fails: {v['error'][:60]} | | | |")
+                continue
+            x_zarr = f"{v['GBps'] / zg:.2f}" if zg else "-"
+            x_eng = f"{v['GBps'] / eng:.2f}" if eng else "-"
+            lines.append(
+                f"| {r['store']} | {r['ratio']:.2f} | {name} | {v['GBps']:.2f} | {x_zarr} | {x_eng} "
+                f"| {v['peak_x']:.2f} |"
+            )
+    lines += [
+        "",
+        "| store | one chunk: engine / zarr GPU (ms) | 1 %: engine / zarr GPU (ms) "
+        '| small selections per s: 1 thread / 16 threads | scheduler (decode="auto") |',
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        lat, th = r["latency_ms"], r.get("threads", {})
+        threads = f"{th['one']:.0f} / {th['sixteen']:.0f} ({th['x']:.1f}×)" if "x" in th else "-"
+        choice = "; ".join(d.split(": ", 1)[1] for d in r.get("decisions", [])) or "nothing to decode"
+        lines.append(
+            f"| {r['store']} | {lat['engine one chunk']:.2f} / {lat['zarr GPU one chunk']:.2f} "
+            f"| {lat['engine 1%']:.2f} / {lat['zarr GPU 1%']:.2f} | {threads} | {choice} |"
+        )
+    return "\n".join(lines + _run_facts(meta))
 
 
 def _write_benchmark_tables() -> None:
@@ -118,7 +157,9 @@ def _write_benchmark_tables() -> None:
     out = HERE / "_generated"
     out.mkdir(exist_ok=True)
     for path in sorted(HERE.glob("benchmarks*.json")):
-        (out / f"{path.stem}.md").write_text(_benchmark_table(path))
+        patterns = path.stem.startswith("benchmarks-patterns")
+        table = _patterns_tables(path) if patterns else _benchmark_table(path)
+        (out / f"{path.stem}.md").write_text(table)
 
 
 def _plot_benchmarks() -> None:

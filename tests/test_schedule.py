@@ -55,10 +55,11 @@ def test_decode_choice_overrides_the_model():
     for codecs in [("zstd",), ("gzip",), ("blosc-zstd",)]:
         assert set(s.routes(_tasks(codecs, 64), GPU, "gpu")[0]) == {"batch"}
         assert set(s.routes(_tasks(codecs, 64), GPU, "cpu")[0]) == {"host"}
-    # uncompressed tiles: a large read is staged with the batches (kvikio), a small one (a
-    # dask task, a selection) goes to CPU threads; a CPU read uses its threads
-    assert set(s.routes(_tasks((), 64), GPU, "auto")[0]) == {"batch"}
-    assert set(s.routes(_tasks((), 2), GPU, "auto")[0]) == {"host"}
+    # uncompressed tiles go to CPU threads (a chunk per thread in flight, not a batch's
+    # staging on the GPU), but for large reads with decode="gpu"; a CPU read uses its threads
+    assert set(s.routes(_tasks((), 64), GPU, "auto")[0]) == {"host"}
+    assert set(s.routes(_tasks((), 64), GPU, "gpu")[0]) == {"batch"}
+    assert set(s.routes(_tasks((), 2), GPU, "gpu")[0]) == {"host"}
     assert set(s.routes(_tasks(("gzip",), 64), CPU, "gpu")[0]) == {"host"}
     assert Scheduler(force="batch").routes(_tasks(("zstd",), 3), GPU, "cpu")[0] == ["batch"] * 3
     with pytest.raises(ValueError, match="force"):

@@ -162,10 +162,11 @@ class Scheduler:
             return [self.force] * len(tasks), None
         if device.name != "gpu":
             return ["host"] * len(tasks), None
-        if not codecs:  # staged only to be scattered
-            if sum(t.nbytes for t in tasks) <= SMALL_READ_BYTES:
-                return ["host"] * len(tasks), None  # (a dask task, a selection): no kvikio setup
-            return ["batch"] * len(tasks), None
+        if not codecs:  # uncompressed tiles, staged only to be scattered
+            if decode == "gpu" and sum(t.nbytes for t in tasks) > SMALL_READ_BYTES:
+                return ["batch"] * len(tasks), None  # kvikio into staging of up to batch_bytes
+            # CPU threads: one chunk in flight per thread, not a batch's staging on the GPU
+            return ["host"] * len(tasks), None
         kind = stream_kind(codecs)
         codec = compressor(codecs) or "crc32c"
         if kind is None:  # crc32c alone
@@ -189,7 +190,7 @@ class Scheduler:
         return ["batch"] * k + ["host"] * (len(tasks) - k), decision
 
 
-#: uncompressed reads up to this size go the host route (pread, one copy): their setup is cheaper
+#: with decode="gpu", uncompressed tiles beyond this size are staged with the batches
 SMALL_READ_BYTES = 64 * 2**20
 
 _HOST_ONLY = {
