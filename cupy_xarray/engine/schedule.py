@@ -279,8 +279,10 @@ def rates(kind: str, device: Any) -> Rates:
         return measured
 
 
-#: chunks a route must have decoded in a read for its timing to refine the rates
+#: chunks a route must have decoded in a read for its timing to refine the rates, and their
+#: least size (the per-call costs of tiny chunks would pass for slow decoding)
 LEARN_MIN_CHUNKS = 8
+LEARN_MIN_CHUNK_BYTES = 2**18
 
 
 def learn(
@@ -294,7 +296,7 @@ def learn(
     wave on the CPU, and many more streams fill the GPU); what a read of the user's own
     store measured moves the figures halfway there each time.
     """
-    if not decision.learns or not decision.kind:
+    if not decision.learns or not decision.kind or nbytes < LEARN_MIN_CHUNK_BYTES:
         return
     with _lock:
         key = f"{machine_key(device)}|{decision.kind}"
