@@ -217,6 +217,9 @@ class Jobs:
         #: thread-seconds per phase (with ``CUPY_XARRAY_PROFILE=1``)
         self.stats = stats if stats is not None else {}
         self._spent = spent if spent is not None else []
+        self.started = time.perf_counter()
+        #: seconds from the start of the jobs to the end of the last (set by :meth:`wait`)
+        self.wall = 0.0
 
     def spent(self) -> dict[int, float]:
         """Thread-seconds per recipe (``id(recipe)``), once the jobs have ended."""
@@ -233,6 +236,7 @@ class Jobs:
             if exc is not None and first is None:
                 first = exc
         self._futures = []
+        self.wall = time.perf_counter() - self.started
         if first is not None:
             raise first
 

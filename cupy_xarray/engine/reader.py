@@ -594,7 +594,9 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
 
 
-def _routes(tasks: list[_Task], device: Device, decode: str, scheduler: Scheduler) -> tuple[list, list, list]:
+def _routes(
+    tasks: list[_Task], device: Device, decode: str, scheduler: Scheduler, limit: int
+) -> tuple[list, list, list]:
     """Split the tasks into those read with the batches and those of the host route."""
     batched, on_host, groups = [], [], {}
     for t in tasks:
@@ -604,7 +606,7 @@ def _routes(tasks: list[_Task], device: Device, decode: str, scheduler: Schedule
             groups.setdefault(id(t.spec.recipe), []).append(t)
     decisions = []
     for group in groups.values():
-        routes, decision = scheduler.routes(group, device, decode)
+        routes, decision = scheduler.routes(group, device, decode, limit)
         for t, r in zip(group, routes):
             (on_host if r == "host" else batched).append(t)
         if decision is not None:
@@ -624,18 +626,19 @@ def _learn(
     sizes = {id(t.spec.recipe): t.spec.recipe.nbytes for t in tasks}
     for d in decisions:
         if d.learns and d.key in sizes:
-            learn(d, device, clock.groups.get(d.key, 0.0), spent.get(d.key, 0.0), sizes[d.key])
+            learn(d, device, sizes[d.key], clock.groups.get(d.key, 0.0), jobs.wall, spent.get(d.key, 0.0))
 
 
 def _staging_limit(outs: list, batch_bytes: int, decode: str) -> int:
     """Bytes a batch may hold: ``batch_bytes``, and for ``decode="auto"``/``"cpu"`` at most an
-    eighth of the outputs or 256 MiB (two batches are in flight: their staging then stays
-    near a quarter of the output). ``decode="gpu"`` favours nvCOMP's throughput, which grows
-    with the streams per call: its batches hold up to ``batch_bytes``."""
+    eighth of the outputs or 128 MiB (two batches are in flight, and a compressed one holds
+    its stored and decoded bytes). ``decode="gpu"``
+    favours nvCOMP's throughput, which grows with the streams per call: its batches hold up
+    to ``batch_bytes``."""
     if decode == "gpu":
         return max(1, batch_bytes)
     out = sum(int(getattr(o, "nbytes", 0)) for o in outs if o is not None)
-    return max(1, min(batch_bytes, max(256 * 2**20, out // 8)))
+    return max(1, min(batch_bytes, max(128 * 2**20, out // 8)))
 
 
 def _read_arrays(requests, device, batch_bytes, progress, decode, scheduler) -> list[Any]:
@@ -677,8 +680,9 @@ def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler
     clock.lap("plan")
     if not tasks:
         return outs
-    batched, on_host, decisions = _routes(tasks, device, decode, scheduler)
-    batches = _batches(batched, _staging_limit(outs, batch_bytes, decode)) if batched else []
+    limit = _staging_limit(outs, batch_bytes, decode)
+    batched, on_host, decisions = _routes(tasks, device, decode, scheduler, limit)
+    batches = _batches(batched, limit) if batched else []
     bar = None
     if progress:
         from tqdm.auto import tqdm

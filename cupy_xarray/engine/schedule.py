@@ -66,7 +66,7 @@ class Rates:
     Attributes
     ----------
     host_thread
-        One CPU thread: read, decode, checks and the copy to the device.
+        One CPU thread alone: read, decode, checks and the copy to the device.
     gpu
         nvCOMP with many streams in flight.
     gpu_stream
@@ -77,6 +77,9 @@ class Rates:
         Whether the figures were measured here (else: defaults measured on an H200 host).
     reads
         How many reads' own timings refined them since (:func:`learn`).
+    host_pool
+        All the pool's threads together (0: ``threads × host_thread``); less than that sum,
+        since they share the interpreter, memory bandwidth and the copies to the GPU.
     """
 
     host_thread: float
@@ -85,31 +88,38 @@ class Rates:
     gpu_call: float
     measured: bool = False
     reads: int = 0  # reads whose timings refined the figures (:func:`learn`)
+    host_pool: float = 0.0
 
-    def gpu_seconds(self, sizes: np.ndarray, stream_bytes: float | None = None) -> float:
-        """Seconds for chunks of ``sizes`` decoded bytes in one call; ``stream_bytes``: the
-        largest stream (default: a chunk is one stream)."""
+    def gpu_seconds(
+        self, sizes: np.ndarray, stream_bytes: float | None = None, batch_bytes: float | None = None
+    ) -> float:
+        """Seconds for chunks of ``sizes`` decoded bytes in calls of up to ``batch_bytes``
+        (default: one call); ``stream_bytes``: the largest stream (default: a chunk is one)."""
         if not len(sizes):
             return 0.0
         longest = float(sizes.max()) if stream_bytes is None else min(float(sizes.max()), stream_bytes)
-        return self.gpu_call + longest / self.gpu_stream + float(sizes.sum()) / self.gpu
+        total = float(sizes.sum())
+        calls = max(1, math.ceil(total / batch_bytes)) if batch_bytes else 1
+        return calls * (self.gpu_call + longest / self.gpu_stream) + total / self.gpu
 
     def host_seconds(self, sizes: np.ndarray, threads: int) -> float:
         if not len(sizes):
             return 0.0
-        # threads take chunks as they free up: the busiest one ends the work
-        return max(float(sizes.sum()) / threads, float(sizes.max())) / self.host_thread
+        # threads take chunks as they free up: at least one chunk's time on one thread
+        pool = self.host_pool or threads * self.host_thread
+        return max(float(sizes.sum()) / pool, float(sizes.max()) / self.host_thread)
 
 
-#: figures measured on an H200 host with 16 cores (4 MiB float32 chunks of smooth data)
+#: figures measured on an H200 host with 16 cores (4 MiB float32 chunks of smooth data; the
+#: pools' figures are full loads on CPU threads)
 DEFAULT_RATES = {
-    "zstd": Rates(0.45e9, 40e9, 0.07e9, 1e-3),
-    "gzip": Rates(0.12e9, 2.8e9, 0.03e9, 1e-3),
-    "zlib": Rates(0.13e9, 2.8e9, 0.03e9, 1e-3),
-    "lz4": Rates(0.65e9, 20e9, 0.02e9, 1e-3),
+    "zstd": Rates(0.5e9, 40e9, 0.07e9, 1e-3, host_pool=6.5e9),
+    "gzip": Rates(0.17e9, 2.8e9, 0.03e9, 1e-3, host_pool=1.7e9),
+    "zlib": Rates(0.17e9, 2.8e9, 0.03e9, 1e-3, host_pool=1.7e9),
+    "lz4": Rates(1.0e9, 20e9, 0.02e9, 1e-3, host_pool=7e9),
     # Blosc: its layout check, unshuffle and copies add launches and host round trips per call
-    # (one 4 MiB chunk read through them took 11.7 ms)
-    "lz4-block": Rates(0.5e9, 30e9, 1.0e9, 1e-2),
+    # (one 4 MiB chunk read through them took 11.7 ms; one CPU thread, 4.5 ms)
+    "lz4-block": Rates(0.9e9, 25e9, 1.0e9, 1e-2, host_pool=3.2e9),
 }
 
 
@@ -153,8 +163,11 @@ class Scheduler:
             return self._rates.get(kind, DEFAULT_RATES.get(kind, DEFAULT_RATES["zstd"]))
         return rates(kind, device)
 
-    def routes(self, tasks: list[Any], device: Any, decode: str) -> tuple[list[str], Decision | None]:
-        """Routes for ``tasks``: chunks of one recipe, none of them read straight into the output."""
+    def routes(
+        self, tasks: list[Any], device: Any, decode: str, batch_bytes: float | None = None
+    ) -> tuple[list[str], Decision | None]:
+        """Routes for ``tasks``: chunks of one recipe, none of them read straight into the
+        output; ``batch_bytes``: what one batch (one nvCOMP call) may hold."""
         recipe = tasks[0].spec.recipe
         codecs = recipe.bytes_codecs
         name = tasks[0].spec.name
@@ -163,10 +176,9 @@ class Scheduler:
         if device.name != "gpu":
             return ["host"] * len(tasks), None
         if not codecs:  # uncompressed tiles, staged only to be scattered
-            if decode == "gpu" and sum(t.nbytes for t in tasks) > SMALL_READ_BYTES:
-                return ["batch"] * len(tasks), None  # kvikio into staging of up to batch_bytes
-            # CPU threads: one chunk in flight per thread, not a batch's staging on the GPU
-            return ["host"] * len(tasks), None
+            if sum(t.nbytes for t in tasks) > SMALL_READ_BYTES:
+                return ["batch"] * len(tasks), None  # kvikio: 2.7x the CPU threads' rate
+            return ["host"] * len(tasks), None  # a dask task, a selection: no kvikio setup
         kind = stream_kind(codecs)
         codec = compressor(codecs) or "crc32c"
         if kind is None:  # crc32c alone
@@ -182,7 +194,7 @@ class Scheduler:
         sizes = np.array([t.spec.recipe.nbytes for t in tasks], dtype=np.float64)
         # a Blosc chunk is many streams, one per block (and per byte of the type when split)
         stream = BLOSC_STREAM_BYTES if codec.startswith("blosc-") else None
-        k, tg, th = split(sizes, r, threads, stream)
+        k, tg, th = split(sizes, r, threads, stream, batch_bytes)
         why = f"cost model: nvCOMP {tg * 1e3:.1f} ms beside {threads} CPU threads {th * 1e3:.1f} ms" + (
             "" if r.measured else ", default rates"
         )
@@ -190,7 +202,7 @@ class Scheduler:
         return ["batch"] * k + ["host"] * (len(tasks) - k), decision
 
 
-#: with decode="gpu", uncompressed tiles beyond this size are staged with the batches
+#: uncompressed tiles beyond this size are staged with the batches, smaller reads go to CPU threads
 SMALL_READ_BYTES = 64 * 2**20
 
 _HOST_ONLY = {
@@ -201,21 +213,37 @@ _HOST_ONLY = {
 
 #: the stream size Blosc's streams are calibrated and modelled at
 BLOSC_STREAM_BYTES = 2**16
+#: a split must be estimated at most this share of the faster processor's time alone
+SPLIT_GAIN = 0.75
 
 
 def split(
-    sizes: np.ndarray, r: Rates, threads: int, stream_bytes: float | None = None
+    sizes: np.ndarray,
+    r: Rates,
+    threads: int,
+    stream_bytes: float | None = None,
+    batch_bytes: float | None = None,
 ) -> tuple[int, float, float]:
-    """How many of the chunks (the first ``k``) go to nvCOMP so that both processors end
-    together; returns ``k`` and both processors' estimated seconds."""
+    """How many of the chunks (the first ``k``) go to nvCOMP; returns ``k`` and both
+    processors' estimated seconds.
+
+    Both processors share the interpreter and the host's memory: a read split between them
+    ran measurably slower than the model's sum (Blosc LZ4 on an H200 host: 5.7 GB/s split
+    against 21 on nvCOMP alone). A split is taken only where it is estimated to save a
+    quarter of the faster processor's time alone (:data:`SPLIT_GAIN`).
+    """
     n = len(sizes)
+    alone_gpu = r.gpu_seconds(sizes, stream_bytes, batch_bytes)
+    alone_host = r.host_seconds(sizes, threads)
     best = (math.inf, 0, 0.0, 0.0)
     # candidate shares: every count for small groups, 64 steps for large ones
     for k in sorted(set(np.linspace(0, n, min(n, 64) + 1).round().astype(int).tolist())):
-        tg = r.gpu_seconds(sizes[:k], stream_bytes)
+        tg = r.gpu_seconds(sizes[:k], stream_bytes, batch_bytes)
         th = r.host_seconds(sizes[k:], threads)
         if max(tg, th) < best[0]:
             best = (max(tg, th), k, tg, th)
+    if 0 < best[1] < n and best[0] > SPLIT_GAIN * min(alone_gpu, alone_host):
+        return (n, alone_gpu, 0.0) if alone_gpu <= alone_host else (0, 0.0, alone_host)
     return best[1], best[2], best[3]
 
 
@@ -283,40 +311,50 @@ def rates(kind: str, device: Any) -> Rates:
 #: least size (the per-call costs of tiny chunks would pass for slow decoding)
 LEARN_MIN_CHUNKS = 8
 LEARN_MIN_CHUNK_BYTES = 2**18
+#: how far one read moves a rate towards what it measured
+LEARN_WEIGHT = 0.7
 
 
 def learn(
-    decision: Decision, device: Any, gpu_seconds: float, host_thread_seconds: float, nbytes: int
+    decision: Decision,
+    device: Any,
+    nbytes: int,
+    gpu_seconds: float = 0.0,
+    host_wall: float = 0.0,
+    host_job_seconds: float = 0.0,
 ) -> None:
     """Refine this machine's rates for ``decision.kind`` from a read's own timings.
 
-    ``gpu_seconds``: wall time of the batches' decodes of that group; ``host_thread_seconds``:
-    the CPU threads' time on its chunks; ``nbytes``: decoded bytes of one chunk. Synthetic
-    samples decode unlike real data (a smooth field with noise decodes slower than a sine
-    wave on the CPU, and many more streams fill the GPU); what a read of the user's own
-    store measured moves the figures halfway there each time.
+    ``nbytes``: decoded bytes of one chunk; ``gpu_seconds``: wall time of the batches'
+    decodes of the group; ``host_wall``: wall time of the CPU threads' work on it;
+    ``host_job_seconds``: their summed time. Synthetic samples decode unlike real data (and
+    cannot show what threads cost each other), so what a read of the user's own store
+    measured, with one processor alone, moves the figures most of the way there:
+    nvCOMP's rate from a read it did alone, the pool's from a full load on CPU threads, one
+    thread's from a read of fewer chunks than threads.
     """
     if not decision.learns or not decision.kind or nbytes < LEARN_MIN_CHUNK_BYTES:
         return
+    threads = getattr(device, "threads", 16)
     with _lock:
         key = f"{machine_key(device)}|{decision.kind}"
         r = _cache.get(key)
         if r is None:
             return
-        host, gpu = r.host_thread, r.gpu
-        if decision.host >= LEARN_MIN_CHUNKS and host_thread_seconds > 0:
-            host = 0.5 * host + 0.5 * decision.host * nbytes / host_thread_seconds
-        if decision.gpu >= LEARN_MIN_CHUNKS and gpu_seconds > 0:
-            fixed = (
-                r.gpu_call
-                + min(nbytes, BLOSC_STREAM_BYTES if decision.codec.startswith("blosc-") else nbytes)
-                / r.gpu_stream
-            )
-            spent = max(gpu_seconds - fixed, 0.25 * gpu_seconds)
-            gpu = 0.5 * gpu + 0.5 * decision.gpu * nbytes / spent
-        if (host, gpu) == (r.host_thread, r.gpu):
+        host, pool, gpu = r.host_thread, r.host_pool, r.gpu
+        if decision.gpu == 0 and decision.host >= 2 * threads and host_wall > 0:
+            pool = (1 - LEARN_WEIGHT) * (
+                pool or threads * host
+            ) + LEARN_WEIGHT * decision.host * nbytes / host_wall
+        elif decision.gpu == 0 and 0 < decision.host <= threads and host_job_seconds > 0:
+            host = (1 - LEARN_WEIGHT) * host + LEARN_WEIGHT * decision.host * nbytes / host_job_seconds
+        elif decision.host == 0 and decision.gpu >= LEARN_MIN_CHUNKS and gpu_seconds > 0:
+            stream = BLOSC_STREAM_BYTES if decision.codec.startswith("blosc-") else nbytes
+            spent = max(gpu_seconds - r.gpu_call - stream / r.gpu_stream, 0.25 * gpu_seconds)
+            gpu = (1 - LEARN_WEIGHT) * gpu + LEARN_WEIGHT * decision.gpu * nbytes / spent
+        else:
             return
-        _cache[key] = new = Rates(host, gpu, r.gpu_stream, r.gpu_call, r.measured, r.reads + 1)
+        _cache[key] = new = Rates(host, gpu, r.gpu_stream, r.gpu_call, r.measured, r.reads + 1, pool)
         stored = _load(cache_path())
         stored[key] = asdict(new)
         _store(cache_path(), stored)
@@ -391,7 +429,7 @@ def calibrate(kind: str, device: Any) -> Rates:
         _cpu_decode_one(kind, s, n, out)
     host = 8 * n / (time.perf_counter() - t0)
     if device.name != "gpu" or not getattr(device.codecs, "available", False):
-        return Rates(host, base.gpu, base.gpu_stream, base.gpu_call, measured=True)
+        return Rates(host, base.gpu, base.gpu_stream, base.gpu_call, measured=True, host_pool=base.host_pool)
     xp = device.xp
     dev = [xp.asarray(s) for s in streams]
 
@@ -409,4 +447,5 @@ def calibrate(kind: str, device: Any) -> Rates:
     call = base.gpu_call if kind == "lz4-block" else min(base.gpu_call, t1 / 2)
     gpu = (many - 1) * n / max(t_many - t1, 1e-6)
     stream = n / max(t1 - call, 1e-6)
-    return Rates(host, gpu, stream, call, measured=True)
+    # the pool's rate cannot be measured on samples: reads measure it (:func:`learn`)
+    return Rates(host, gpu, stream, call, measured=True, host_pool=base.host_pool)
