@@ -51,7 +51,7 @@ def test_auto_chooses_safe_streams_by_cost(codecs):
     stream = sch.BLOSC_STREAM_BYTES if codecs[0].startswith("blosc") else None
     alone = min(r.gpu_seconds(sizes, stream), r.host_seconds(sizes, 16))
     got = max(r.gpu_seconds(sizes[: d.gpu], stream), r.host_seconds(sizes[d.gpu :], 16))
-    # the faster processor alone, or a split that saves at least a quarter of its time
+    # the faster processor alone, or a split that saves at least 40 % of its time
     assert got == pytest.approx(alone) or got <= sch.SPLIT_GAIN * alone, d
     if codecs[-1] != "gzip" and codecs[0] != "zlib":
         assert d.gpu == 1024, d  # Blosc LZ4 and proven zstd: nvCOMP is many times faster
@@ -83,7 +83,7 @@ def test_split_balances_the_processors():
     slow_gpu = Rates(host_thread=1e9, gpu=1e6, gpu_stream=1e6, gpu_call=1.0)
     assert split(sizes, slow_gpu, 10)[0] == 0
     # threads that slow each other down (a pool at 2 GB/s, not 10) beside a GPU at 20: a
-    # split would save under a quarter, so the GPU takes all
+    # split would save under 40 %, so the GPU takes all
     crowded = Rates(host_thread=1e9, gpu=20e9, gpu_stream=1e9, gpu_call=1e-3, host_pool=2e9)
     assert split(sizes, crowded, 10)[0] == 1000
     assert r.host_seconds(np.array([8e9]), 16) == pytest.approx(8.0)  # one chunk: one thread
