@@ -230,7 +230,8 @@ def split(
     Both processors share the interpreter and the host's memory: a read split between them
     ran measurably slower than the model's sum (Blosc LZ4 on an H200 host: 5.7 GB/s split
     against 21 on nvCOMP alone). A split is taken only where it is estimated to save
-    40 % of the faster processor's time alone (two processors of equal speed save at most half) (:data:`SPLIT_GAIN`).
+    40 % of the faster processor's time alone (:data:`SPLIT_GAIN`; two processors of equal
+    speed save at most half).
     """
     n = len(sizes)
     alone_gpu = r.gpu_seconds(sizes, stream_bytes, batch_bytes)
