@@ -324,3 +324,25 @@ def test_the_model_counts_one_call_per_batch():
     assert small.gpu == 0 and big.gpu > 0, (small, big)
     _, blosc = s.routes(_tasks(("blosc-lz4",), 256), GPU, "auto", batch_bytes=128 * 2**20)
     assert blosc.gpu == 256, blosc
+
+
+def test_reads_beside_other_reads_teach_nothing(monkeypatch):
+    """Timings of a read that ran beside another (dask's threads, yours) are not its own: the
+    threads slowed each other down, and the rates would learn that one thread is slow."""
+    from cupy_xarray.engine import host as host_route
+    from cupy_xarray.engine import reader
+
+    taught = []
+    monkeypatch.setattr(reader, "learn", lambda *a, **k: taught.append(a))
+    (t,) = _tasks(("gzip",), 1)
+    d = sch.Decision("a", "gzip", 0, 1, "", "gzip", id(t.spec.recipe), learns=True)
+    jobs = host_route.Jobs([])
+    jobs.count, jobs.most_busy = 1, 1
+    clock = reader._Clock(resolve_device("cpu"))
+    reader._learn([d], [t], GPU, clock, jobs)
+    assert len(taught) == 1
+    clock.crowded = True
+    reader._learn([d], [t], GPU, clock, jobs)
+    clock.crowded, jobs.most_busy = False, 3  # two other reads' jobs ran at the same time
+    reader._learn([d], [t], GPU, clock, jobs)
+    assert len(taught) == 1

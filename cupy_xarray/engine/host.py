@@ -37,6 +37,8 @@ from .scatter import bytes_to_chunk, scatter, select
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 _local = threading.local()
+_busy_lock = threading.Lock()
+_busy = [0]  # jobs of all reads running now
 
 
 def pool(threads: int) -> ThreadPoolExecutor:
@@ -109,12 +111,17 @@ def decode_chain(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.nd
     return data
 
 
-def _timed_job(task: Any, out: Any, device: Any, stats: dict | None, spent: list) -> None:
+def _timed_job(task: Any, out: Any, device: Any, stats: dict | None, spent: list, jobs: Jobs) -> None:
+    with _busy_lock:
+        _busy[0] += 1
+        jobs.most_busy = max(jobs.most_busy, _busy[0])
     t0 = time.perf_counter()
     try:
         _job(task, out, device, stats)
     finally:
         spent.append((id(task.spec.recipe), time.perf_counter() - t0))  # (append: thread-safe)
+        with _busy_lock:
+            _busy[0] -= 1
 
 
 def byte_span(recipe: Any, chunk_sel: tuple) -> tuple[int, int]:
@@ -218,8 +225,16 @@ class Jobs:
         self.stats = stats if stats is not None else {}
         self._spent = spent if spent is not None else []
         self.started = time.perf_counter()
+        #: the most jobs (of all reads) that ran at once while these ran
+        self.most_busy = 0
+        self.count = 0
         #: seconds from the start of the jobs to the end of the last (set by :meth:`wait`)
         self.wall = 0.0
+
+    @property
+    def alone(self) -> bool:
+        """No other read's jobs ran beside these (their timings are this read's own)."""
+        return self.most_busy <= self.count
 
     def spent(self) -> dict[int, float]:
         """Thread-seconds per recipe (``id(recipe)``), once the jobs have ended."""
@@ -259,7 +274,10 @@ def start(tasks: list[Any], outs: list[Any], device: Any) -> Jobs:
     p = pool(device.threads)
     stats = defaultdict(float) if os.environ.get("CUPY_XARRAY_PROFILE") == "1" else None
     spent: list = []
-    return Jobs([p.submit(_timed_job, t, outs[t.out], device, stats, spent) for t in tasks], stats, spent)
+    jobs = Jobs([], stats, spent)
+    jobs.count = len(tasks)
+    jobs._futures = [p.submit(_timed_job, t, outs[t.out], device, stats, spent, jobs) for t in tasks]
+    return jobs
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import stat
+import threading
 import time
 import traceback
 from collections import defaultdict
@@ -58,6 +59,7 @@ class _Clock:
         self.exact = os.environ.get("CUPY_XARRAY_PROFILE") == "1"
         self.stats: dict[str, float] = defaultdict(float)
         self.groups: dict[int, float] = defaultdict(float)  # decode seconds per recipe
+        self.crowded = False  # another read ran beside this one (its timings are not its own)
         self.t = time.perf_counter()
 
     def lap(self, phase: str) -> None:
@@ -622,6 +624,8 @@ def _learn(
     """Hand the read's own timings of each scheduled group to the scheduler's rates."""
     if not decisions:
         return
+    if clock.crowded or not jobs.alone:  # other reads ran beside this one: not its own rates
+        return
     spent = jobs.spent()
     sizes = {id(t.spec.recipe): t.spec.recipe.nbytes for t in tasks}
     for d in decisions:
@@ -653,10 +657,28 @@ def _read_arrays(requests, device, batch_bytes, progress, decode, scheduler) -> 
     return _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler)
 
 
+_active: set[_Clock] = set()  # the reads running now
+_active_lock = threading.Lock()
+
+
 def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler) -> list[Any]:
+    clock = _Clock(device)
+    with _active_lock:
+        if _active:
+            clock.crowded = True
+            for other in _active:
+                other.crowded = True
+        _active.add(clock)
+    try:
+        return _read_arrays_timed(normalized, device, batch_bytes, progress, decode, scheduler, clock)
+    finally:
+        with _active_lock:
+            _active.discard(clock)
+
+
+def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, scheduler, clock) -> list[Any]:
     outs: list[Any] = [None] * len(normalized)
     tasks: list[_Task] = []
-    clock = _Clock(device)
     for i, (spec, nsel) in enumerate(normalized):
         if log.isEnabledFor(logging.DEBUG):
             log.debug(describe(spec, device, decode))
