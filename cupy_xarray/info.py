@@ -46,6 +46,14 @@ def info_lines() -> list[str]:
     except ValueError as exc:
         choice = f"invalid: {exc}"
     lines.append(f"decode        {choice} (CUPY_XARRAY_DECODE or decode=: where GPU reads decode chunks)")
+    from .engine import schedule
+
+    path = schedule.cache_path()
+    known = sorted({k.rsplit("|", 1)[-1] for k in schedule._load(path)})
+    rates = (
+        f"measured for {', '.join(known)}" if known else "none measured yet (the first choice measures them)"
+    )
+    lines.append(f"decode rates  {rates}: {path}")
     if not gpu_available():
         lines.append("GPU           none available: reads use device='cpu' (NumPy, os.pread)")
         return lines

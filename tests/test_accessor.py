@@ -83,8 +83,13 @@ def _cli(*args: str, **env: str) -> str:
     ).stdout
 
 
-def test_cli_info_and_demo():
-    out = _cli("info")
+def test_cli_info_and_demo(tmp_path):
+    import json
+
+    out = _cli("info", CUPY_XARRAY_CACHE=str(tmp_path))
+    assert f"decode rates  none measured yet (the first choice measures them): {tmp_path}" in out
+    (tmp_path / "decode-rates.json").write_text(json.dumps({"H200|16 cores|nvcomp 6000|gzip": {}}))
+    assert "decode rates  measured for gzip:" in _cli("info", CUPY_XARRAY_CACHE=str(tmp_path))
     assert out.startswith("cupy_xarray") and "xarray" in out and "zarr" in out
     assert "nvCOMP C API  off (CUPY_XARRAY_NVCOMP_C=0)" in _cli("info", CUPY_XARRAY_NVCOMP_C="0")
     assert "decode        auto (" in out
