@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .codecs import _cpu_decode_one, crc32c_strip, stream_problem
-from .io import ReadOp, _pread_into
+from .io import ReadOp, _pread_into, first_error
 from .scatter import bytes_to_chunk, scatter, select
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -245,11 +245,7 @@ class Jobs:
 
     def wait(self) -> None:
         """Wait for every job; raise the first task's error (in task order)."""
-        first = None
-        for f in self._futures:
-            exc = f.exception()
-            if exc is not None and first is None:
-                first = exc
+        first = first_error(self._futures)
         self._futures = []
         self.wall = time.perf_counter() - self.started
         if first is not None:

@@ -67,16 +67,22 @@ def _pread_into(op: ReadOp) -> None:
         os.close(fd)
 
 
+def first_error(futures) -> BaseException | None:
+    """Wait for every future; the first one's error in their order, or None."""
+    first = None
+    for f in futures:
+        exc = f.exception()
+        if exc is not None and first is None:
+            first = exc
+    return first
+
+
 class _Pending:
     def __init__(self, futures):
         self._futures = futures
 
     def wait(self) -> None:
-        first = None
-        for f in self._futures:
-            exc = f.exception()
-            if exc is not None and first is None:
-                first = exc
+        first = first_error(self._futures)
         if first is not None:
             raise first
 
