@@ -190,6 +190,39 @@ def _plot_benchmarks() -> None:
     plt.close(fig)
 
 
+def _plot_patterns() -> None:
+    """docs/_static/read-patterns.png: GB/s by codec and chunk layout, the engine beside zarr's
+    GPU mode and the CPU peers, from benchmarks-patterns.json."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, meta = _benchmark_run(HERE / "benchmarks-patterns.json")
+    paths = ["engine auto", "engine decode=gpu", "zarr GPU mode", "zarrs + asarray", "tensorstore + asarray",
+             "dask chunks={}", "dask 256MiB"]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(13, 4.8))
+    width = 0.8 / len(paths)
+    for i, name in enumerate(paths):
+        values = [r["paths"].get(name, {}).get("GBps", 0) for r in rows]
+        ax.bar([k + i * width for k in range(len(rows))], values, width, label=name)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))])
+    ax.set_xticklabels([r["store"].replace(" ", "\n", 1) for r in rows], fontsize=8)
+    ax.set_ylabel("GB/s decoded into GPU memory")
+    ax.set_title(
+        f"Full loads by codec and chunk layout, {meta['hardware'].split(',')[0]} (commit {meta['commit']})"
+    )
+    top = max(v.get("GBps", 0) for r in rows for v in r["paths"].values())
+    ax.set_ylim(0, top * 1.3)
+    ax.legend(fontsize=8, ncol=4, loc="upper center")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    (HERE / "_static").mkdir(exist_ok=True)
+    fig.savefig(HERE / "_static" / "read-patterns.png", dpi=110)
+    plt.close(fig)
+
+
 _copy_notebooks()
 _write_benchmark_tables()
 _plot_benchmarks()
+_plot_patterns()
