@@ -26,7 +26,6 @@ from .device import Device, PrototypeDevice, resolve_device
 from .engine import array_spec, read_arrays
 from .engine.codecs import decode_choice
 from .engine.plan import normalize_selection
-from .engine.reader import DEFAULT_BATCH_BYTES
 from .errors import StoreError
 
 
@@ -57,7 +56,7 @@ class KvikioBackendArray(BackendArray):
         device: Any = "gpu",
         threads: int | None = None,
         containment: Containment | None = None,
-        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        batch_bytes: int | None = None,
         decode: str | None = None,
     ):
         self.spec = array_spec(zarr_array, name=name, containment=containment)
@@ -93,7 +92,7 @@ class KvikioStore(ZarrStore):
     _cupy_xarray_device: Any = "gpu"
     _cupy_xarray_threads: int | None = None
     _cupy_xarray_containment: Containment | None = None
-    _cupy_xarray_batch_bytes: int = DEFAULT_BATCH_BYTES
+    _cupy_xarray_batch_bytes: int | None = None
     _cupy_xarray_decode: str | None = None
 
     def open_store_variable(self, name, *args, **kwargs):
@@ -238,9 +237,12 @@ def _read_options(device: Any, threads: Any, batch_bytes: Any, decode: str | Non
         raise ValueError(
             f"threads must be a positive number of I/O threads, got {threads!r} (None: one per core, 4 to 32)"
         )
-    if not isinstance(batch_bytes, int) or isinstance(batch_bytes, bool) or batch_bytes <= 0:
+    if batch_bytes is not None and (
+        not isinstance(batch_bytes, int) or isinstance(batch_bytes, bool) or batch_bytes <= 0
+    ):
         raise ValueError(
-            f"batch_bytes must be a positive number of bytes, got {batch_bytes!r} (default 2 GiB)"
+            f"batch_bytes must be a positive number of bytes or None, got {batch_bytes!r} (default None: "
+            "chosen per read)"
         )
     if decode is not None:
         decode_choice(decode)
@@ -294,7 +296,7 @@ def _prepare(
     zarr_format: int | None = None,
     storage_options: dict | None = None,
     allow_external_links: bool = False,
-    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    batch_bytes: int | None = None,
     decode: str | None = None,
     use_zarr_fill_value_as_mask: bool | None = None,
     cache_members: bool = True,
@@ -428,7 +430,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         device: Any = "gpu",
         threads: int | None = None,
         allow_external_links: bool = False,
-        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        batch_bytes: int | None = None,
         decode: str | None = None,
     ):
         """Open one group of a Zarr store lazily, its variables read by the engine.

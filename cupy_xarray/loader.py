@@ -13,7 +13,6 @@ from .backend import KvikioBackendArray
 from .cf import find_backend_array
 from .device import resolve_device
 from .engine import read_arrays
-from .engine.reader import DEFAULT_BATCH_BYTES
 from .errors import StoreError
 
 _PROGRESS_BYTES = 2**30
@@ -27,7 +26,7 @@ def read_zarr_gds(
     device: Any = "gpu",
     threads: int | None = None,
     progress: bool | None = None,
-    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    batch_bytes: int | None = None,
     consolidated: bool | None = None,
     zarr_format: int | None = None,
     chunks: Any = None,
@@ -57,9 +56,10 @@ def read_zarr_gds(
         Show a progress bar; default: when more than 1 GiB is read. Eager reads only
         (with ``chunks=``, ``progress=True`` is refused: use dask's progress bar).
     batch_bytes
-        Memory a batch of reads may hold beside the output (default 2 GiB): the stored
-        bytes of chunks decoded straight into the output, the decoded bytes of the others.
-        Smaller saves memory; larger gives nvCOMP more streams per call, which is faster.
+        Memory a batch of reads may hold beside the output: the stored bytes of chunks
+        decoded straight into the output, the decoded bytes of the others. Default None: an
+        eighth of the output (128 MiB to 2 GiB; 2 GiB with ``decode="gpu"``). Smaller saves
+        memory; larger gives nvCOMP more streams per call, which is faster.
         With ``chunks=``, each dask task's read keeps to it.
     consolidated, zarr_format
         As for ``xr.open_zarr``.
@@ -143,7 +143,7 @@ def read_datatree_gds(
     device: Any = "gpu",
     threads: int | None = None,
     progress: bool | None = None,
-    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    batch_bytes: int | None = None,
     consolidated: bool | None = None,
     zarr_format: int | None = None,
     allow_external_links: bool = False,

@@ -346,3 +346,16 @@ def test_reads_beside_other_reads_teach_nothing(monkeypatch):
     clock.crowded, jobs.most_busy = False, 3  # two other reads' jobs ran at the same time
     reader._learn([d], [t], GPU, clock, jobs)
     assert len(taught) == 1
+
+
+def test_batch_size_is_chosen_per_read_unless_given():
+    from cupy_xarray.engine.reader import DEFAULT_BATCH_BYTES, _staging_limit
+
+    gib = np.empty(0)  # outputs only count their bytes
+    outs = [SimpleNamespace(nbytes=4 * 2**30), gib]
+    assert _staging_limit(outs, None, "auto") == 512 * 2**20  # an eighth of 4 GiB
+    assert _staging_limit([SimpleNamespace(nbytes=2**20)], None, "cpu") == 128 * 2**20
+    assert _staging_limit([SimpleNamespace(nbytes=2**40)], None, "auto") == DEFAULT_BATCH_BYTES
+    assert _staging_limit(outs, None, "gpu") == DEFAULT_BATCH_BYTES
+    assert _staging_limit(outs, 2**31, "auto") == 2**31  # what the user asked for
+    assert _staging_limit(outs, 1000, "gpu") == 1000

@@ -537,7 +537,7 @@ def read_arrays(
     requests: list[tuple[ArraySpec, Any]],
     device: Device | PrototypeDevice,
     *,
-    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    batch_bytes: int | None = None,
     progress: bool = False,
     decode: str | None = None,
     scheduler: Scheduler | None = None,
@@ -552,6 +552,7 @@ def read_arrays(
         Where the outputs go (:func:`cupy_xarray.device.resolve_device`).
     batch_bytes
         Bytes read (and decoded) per batch; bounds the memory used beside the outputs.
+        Default None: an eighth of the outputs (128 MiB to 2 GiB), 2 GiB for ``decode="gpu"``.
     progress
         Show a progress bar (tqdm) over the bytes read.
     decode
@@ -633,22 +634,24 @@ def _learn(
             learn(d, device, sizes[d.key], clock.groups.get(d.key, 0.0), jobs.wall, spent.get(d.key, 0.0))
 
 
-def _staging_limit(outs: list, batch_bytes: int, decode: str) -> int:
-    """Bytes a batch may hold: ``batch_bytes``, and for ``decode="auto"``/``"cpu"`` at most an
-    eighth of the outputs or 128 MiB (two batches are in flight, and a compressed one holds
-    its stored and decoded bytes). ``decode="gpu"``
-    favours nvCOMP's throughput, which grows with the streams per call: its batches hold up
-    to ``batch_bytes``."""
-    if decode == "gpu":
+def _staging_limit(outs: list, batch_bytes: int | None, decode: str) -> int:
+    """Bytes a batch may hold: ``batch_bytes`` where given. Else, for ``decode="auto"`` or
+    ``"cpu"``, an eighth of the outputs (at least 128 MiB, at most
+    :data:`DEFAULT_BATCH_BYTES`): two batches are in flight, and a compressed one holds its
+    stored and decoded bytes. ``decode="gpu"`` favours nvCOMP's throughput, which grows with
+    the streams per call: :data:`DEFAULT_BATCH_BYTES`."""
+    if batch_bytes is not None:
         return max(1, batch_bytes)
+    if decode == "gpu":
+        return DEFAULT_BATCH_BYTES
     out = sum(int(getattr(o, "nbytes", 0)) for o in outs if o is not None)
-    return max(1, min(batch_bytes, max(128 * 2**20, out // 8)))
+    return min(DEFAULT_BATCH_BYTES, max(128 * 2**20, out // 8))
 
 
 def _read_arrays(requests, device, batch_bytes, progress, decode, scheduler) -> list[Any]:
     normalized = [(spec, normalize_selection(sel, spec.shape)) for spec, sel in requests]
     if isinstance(device, Device):
-        check_memory(normalized, device, batch_bytes)
+        check_memory(normalized, device, batch_bytes or DEFAULT_BATCH_BYTES)
     if isinstance(device, Device) and device.name == "gpu":
         with host.stream(device.xp):  # this thread's own stream: reads in other threads overlap
             outs = _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler)
