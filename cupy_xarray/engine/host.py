@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import _cpu_decode_one, crc32c_strip, stream_problem
+from .decoders import decode_on_host
 from .io import ReadOp, _pread_into, first_error
 from .scatter import bytes_to_chunk, scatter, select
 
@@ -73,42 +73,6 @@ def _stream(cupy: Any) -> Any:
     if s is None or s.device_id != cupy.cuda.Device().id:
         s = _local.stream = cupy.cuda.Stream()
     return s
-
-
-def decode_chain(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.ndarray:
-    """Run a chunk's byte codecs over its stored bytes on this thread; the last decoder
-    writes into ``final`` where given. Raises ChunkError naming the chunk."""
-    from . import blosc
-
-    recipe = task.spec.recipe
-    codecs = recipe.bytes_codecs
-    for i, name in enumerate(codecs):
-        if name == "crc32c":
-            try:
-                data = crc32c_strip(np, data)
-            except ValueError as exc:
-                raise task.error(str(exc)) from exc
-            continue
-        expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
-        last = final is not None and i == len(codecs) - 1
-        into = final[:expected] if last else np.empty(expected, np.uint8)
-        if name.startswith("blosc-"):
-            try:
-                data = blosc.decode_one_on_host(data, expected, name[len("blosc-") :], into)
-            except blosc.BloscLayoutError as exc:
-                raise task.error(str(exc)) from exc
-            continue
-        problem = stream_problem(name, data, expected)
-        if problem:
-            raise task.error(f"{problem} (corrupt chunk)")
-        try:
-            out = _cpu_decode_one(name, data, expected, into)
-        except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
-            raise task.error(f"{name} decode failed: {exc} (corrupt chunk)") from exc
-        if len(out) != expected:
-            raise task.error(f"{name} stream decoded to {len(out)} bytes, expected {expected}")
-        data = out
-    return data
 
 
 def _timed_job(task: Any, out: Any, device: Any, stats: dict | None, spent: list, jobs: Jobs) -> None:
@@ -162,7 +126,7 @@ def _job(task: Any, out: Any, device: Any, stats: dict | None = None) -> None:
     if device.name != "gpu":
         target = task.target if task.target is not None else None
         final = target if target is not None else _buffer("decoded", recipe.nbytes + 8)
-        data = decode_chain(task, stored, final) if recipe.bytes_codecs else stored
+        data = decode_on_host(task, stored, final) if recipe.bytes_codecs else stored
         if len(data) < recipe.nbytes:
             raise task.error(f"chunk holds {len(data)} bytes, expected {recipe.nbytes}")
         if target is not None and data.ctypes.data == target.ctypes.data:
@@ -189,7 +153,7 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
     n = recipe.nbytes
     t0 = time.perf_counter()
     pinned = pinned_buffer(n + 8) if recipe.bytes_codecs else None
-    data = decode_chain(task, stored, pinned) if recipe.bytes_codecs else stored
+    data = decode_on_host(task, stored, pinned) if recipe.bytes_codecs else stored
     t1 = time.perf_counter()
     if len(data) < n:
         raise task.error(f"chunk holds {len(data)} bytes, expected {n}")

@@ -24,18 +24,13 @@ import numpy as np
 
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkError, OutOfMemoryError
-from . import blosc, host
+from . import host
 from .codecs import (
-    DecodeFailure,
-    check_frame,
-    crc32c_strip,
     decode_choice,
     decodes_on_gpu,
-    zstd_frame_length,
-    zstd_frame_lengths,
 )
+from .decoders import decode_group, decodes_through_scratch, stream_lead, writes_into_output
 from .io import ReadOp
-from .nvcomp_api import DecodeTimeout
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
 from .scatter import bytes_to_chunk, scatter, select
 from .schedule import Decision, Scheduler, learn, proven, stream_kind
@@ -71,7 +66,6 @@ class _Clock:
 
 
 _ALIGN = 256
-_HEADER_BYTES = {"zlib": 2, "lz4": 4}  # framing in front of the stream nvCOMP decodes
 
 
 def _max_ops() -> int:
@@ -208,8 +202,7 @@ def _plan_target(task: _Task, out_bytes: Any) -> None:
 
     Only where the chunk's decoded bytes are one run of the output, aligned for nvCOMP.
     """
-    codecs = task.spec.recipe.bytes_codecs
-    if task.copy is None or not codecs or codecs[-1] == "crc32c":
+    if task.copy is None or not writes_into_output(task.spec.recipe.bytes_codecs):
         return
     src_off, n, dst = task.copy
     if src_off == 0 and n == task.spec.recipe.nbytes and dst % 16 == 0:
@@ -233,8 +226,7 @@ def _batch_cost(t: _Task) -> int:
     """Bytes a task holds beside the output while its batch is in flight."""
     if t.direct:
         return 0
-    if t.target is not None and not t.spec.recipe.bytes_codecs[-1].startswith("blosc-"):
-        # (blosc streams are decoded into a scratch buffer and unshuffled from there)
+    if t.target is not None and not decodes_through_scratch(t.spec.recipe.bytes_codecs):
         return t.nbytes  # decoded straight into the output: only the stored bytes are held
     return t.spec.recipe.nbytes
 
@@ -269,8 +261,8 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
     staged = [t for t in batch if t.direct is None]
     offsets, total = [], 0
     for t in staged:
-        # start the slot so that the bare stream after a zlib/lz4 header is aligned
-        lead = _HEADER_BYTES.get(next((c for c in t.spec.recipe.bytes_codecs if c != "crc32c"), ""), 0)
+        # start the slot so that the bare stream after the codec's framing is aligned
+        lead = stream_lead(t.spec.recipe.bytes_codecs)
         start = total + (_ALIGN - lead) % _ALIGN
         offsets.append(start)
         total = -(-(start + t.nbytes) // _ALIGN) * _ALIGN
@@ -292,115 +284,6 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
     return session.submit(ops), staging
 
 
-def _decode_group(tasks: list[_Task], device: Device, clock: _Clock, decode: str) -> None:
-    """Run one recipe's byte codecs over a group of staged tasks, in batched calls."""
-    recipe = tasks[0].spec.recipe
-    xp = device.xp
-    codecs = recipe.bytes_codecs
-    for i, name in enumerate(codecs):
-        if name == "crc32c":
-            for t in tasks:
-                try:
-                    t.data = crc32c_strip(xp, t.data)
-                except ValueError as exc:
-                    raise t.error(str(exc)) from exc
-            continue
-        expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
-        last = i == len(codecs) - 1
-        if name.startswith("blosc-"):
-            _decode_blosc(tasks, name[len("blosc-") :], expected, device, clock, last, decode)
-            continue
-        proven = "crc32c" in codecs[:i]  # the stored bytes passed a checksum before decoding
-        _check_frames(tasks, name, expected, device)
-        clock.lap("decode prep")
-        into = [t.target for t in tasks] if last and any(t.target is not None for t in tasks) else None
-        try:
-            decoded = device.codecs.decode(
-                name, [t.data for t in tasks], [expected] * len(tasks), into, decode=decode, proven=proven
-            )
-        except DecodeFailure as exc:
-            raise tasks[exc.index].error(f"{exc} (corrupt chunk)") from exc
-        except DecodeTimeout as exc:
-            raise tasks[0].error(f"{exc} (a batch of {len(tasks)} chunks from this one)") from exc
-        for t, d in zip(tasks, decoded):
-            if len(d) != expected:
-                raise t.error(f"{name} stream decoded to {len(d)} bytes, expected {expected}")
-            t.data = d
-            t.landed = into is not None and t.target is not None
-        tasks[0].owner = decoded
-        clock.lap(f"decode {name}")
-
-
-def _decode_blosc(
-    tasks: list[_Task], cname: str, expected: int, device: Device, clock: _Clock, last: bool, decode: str
-) -> None:
-    """Blosc chunks: structure checked on the host, streams decoded in batches, blocks unshuffled."""
-    xp = device.xp
-    staging = tasks[0].staging
-    if staging is not None and all(t.staging is staging for t in tasks):
-        buffer = staging
-        starts = np.array([t.stage for t in tasks], dtype=np.int64)
-    else:
-        buffer = xp.concatenate([t.data for t in tasks])
-        starts = np.cumsum([0] + [len(t.data) for t in tasks[:-1]]).astype(np.int64)
-    lengths = np.array([len(t.data) for t in tasks], dtype=np.int64)
-
-    def read_u32(positions: np.ndarray) -> np.ndarray:
-        idx = positions[:, None] + np.arange(4)[None, :]
-        raw = device.to_host(buffer[xp.asarray(idx)]).astype(np.uint32)
-        return raw[:, 0] | raw[:, 1] << 8 | raw[:, 2] << 16 | raw[:, 3] << 24
-
-    try:
-        lay = blosc.layout(read_u32, starts, lengths, expected, cname)
-        clock.lap("blosc layout")
-        targets = [t.target for t in tasks] if last else None
-        if device.name == "gpu" and not decodes_on_gpu(blosc.STREAMS[cname], decode):
-            owners, views = blosc.decode_chunks_on_host([t.data for t in tasks], expected, device, targets)
-        else:
-            owners, views = blosc.decode_chunks(buffer, lay, len(tasks), expected, device, clock.lap, targets)
-    except blosc.BloscLayoutError as exc:
-        raise tasks[exc.index].error(str(exc)) from exc
-    except DecodeTimeout as exc:
-        raise tasks[0].error(f"{exc} (a batch of {len(tasks)} chunks from this one)") from exc
-    for t, v in zip(tasks, views):
-        t.data = v
-        t.landed = last and t.target is not None
-    tasks[0].owner = owners
-
-
-def _check_frames(tasks: list[_Task], name: str, expected: int, device: Device) -> None:
-    """Check every stream's header/trailer on the host (one gather, one small copy)."""
-    xp, host = device.xp, device.to_host
-    staging = tasks[0].staging
-    shared = staging is not None and all(t.staging is staging for t in tasks)
-    if not shared:
-        heads = [host(t.data[:32]).tobytes() for t in tasks]
-        tails = [host(t.data[-4:]).tobytes() for t in tasks]
-    else:
-        offs = np.array([t.stage for t in tasks], dtype=np.int64)
-        lens = np.array([len(t.data) for t in tasks], dtype=np.int64)
-        idx_h = offs[:, None] + np.minimum(np.arange(32)[None, :], np.maximum(lens - 1, 0)[:, None])
-        idx_t = offs[:, None] + np.maximum(lens[:, None] - 4 + np.arange(4)[None, :], 0)
-        both = host(staging[xp.asarray(np.concatenate([idx_h, idx_t], axis=1))])
-        heads = [both[i, : min(32, lens[i])].tobytes() for i in range(len(tasks))]
-        tails = [both[i, 32:].tobytes() for i in range(len(tasks))]
-    for t, head, tail in zip(tasks, heads, tails):
-        if len(t.data) < 4:
-            raise t.error(f"{len(t.data)} bytes is too short for a {name} stream (corrupt chunk)")
-        problem = check_frame(name, head, tail, expected)
-        if problem:
-            raise t.error(f"{problem} (corrupt chunk)")
-    if name == "zstd":
-        if not shared:
-            lengths = [zstd_frame_length(host(t.data)) for t in tasks]
-        else:
-            lengths = zstd_frame_lengths(xp, staging, offs, lens)
-        for t, n in zip(tasks, lengths):
-            if n != len(t.data):
-                what = "runs past the end of" if n < 0 else f"is {n} bytes, not the {len(t.data)} of"
-                raise t.error(f"zstd frame {what} the stored stream (truncated or corrupt chunk)")
-
-
 def _copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, device: Device) -> None:
     """Copy ``n`` bytes of ``src`` into the C-contiguous output at byte ``dst``."""
     if device.name == "gpu":
@@ -420,7 +303,7 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decod
     for key, group in groups.items():
         t0 = time.perf_counter()
         if group[0].spec.recipe.bytes_codecs:
-            _decode_group(group, device, clock, decode)
+            decode_group(group, device, clock, decode)
             clock.groups[key] += time.perf_counter() - t0
         for t in group:
             if t.landed:

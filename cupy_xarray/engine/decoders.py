@@ -1,0 +1,197 @@
+"""A chunk recipe's byte codecs, run over its stored bytes: the one place the engine's routes
+meet each codec's framing, checks and decoders.
+
+- :func:`decode_group` runs a chain over a group of staged chunks of the reader's batches:
+  ``crc32c`` stripped and checked, zstd / gzip / zlib / LZ4 streams checked on the host
+  (:func:`~.codecs.check_frame`, the zstd frame walk) and decoded in one call of
+  ``Device.codecs`` (nvCOMP on the GPU), Blosc chunks laid out and decoded by :mod:`.blosc`;
+- :func:`decode_on_host` runs it over one chunk on a CPU thread (the host route);
+- :func:`stream_lead` says how many bytes of framing precede the bare stream, so that
+  staging can align the stream nvCOMP reads.
+
+The codecs themselves live in :mod:`.codecs` (streams on both processors), :mod:`.blosc` and
+:mod:`.checksums` (checks on the GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import blosc
+from .codecs import (
+    DecodeFailure,
+    _cpu_decode_one,
+    check_frame,
+    crc32c_strip,
+    decodes_on_gpu,
+    stream_problem,
+    zstd_frame_length,
+    zstd_frame_lengths,
+)
+from .nvcomp_api import DecodeTimeout
+
+#: bytes of framing in front of the bare stream nvCOMP decodes
+_LEAD = {"zlib": 2, "lz4": 4}
+
+
+def stream_lead(codecs: tuple[str, ...]) -> int:
+    """Bytes of framing before the bare stream of a chain's compressor (0 for most)."""
+    return _LEAD.get(next((c for c in codecs if c != "crc32c"), ""), 0)
+
+
+def writes_into_output(codecs: tuple[str, ...]) -> bool:
+    """Whether the chain's last decoder can write a chunk straight into the output (a
+    trailing crc32c only strips bytes from what the codec before it wrote)."""
+    return bool(codecs) and codecs[-1] != "crc32c"
+
+
+def decodes_through_scratch(codecs: tuple[str, ...]) -> bool:
+    """Whether decoding into the output still holds the chunk's decoded size beside it (Blosc
+    decodes its streams into scratch and unshuffles from there)."""
+    return bool(codecs) and codecs[-1].startswith("blosc-")
+
+
+def decode_group(tasks: list[Any], device: Any, clock: Any, decode: str) -> None:
+    """Run one recipe's byte codecs over a group of staged tasks (the reader's batches), in
+    batched calls of ``device.codecs``; ``clock.lap(phase)`` records the time of each."""
+    recipe = tasks[0].spec.recipe
+    xp = device.xp
+    codecs = recipe.bytes_codecs
+    for i, name in enumerate(codecs):
+        if name == "crc32c":
+            for t in tasks:
+                try:
+                    t.data = crc32c_strip(xp, t.data)
+                except ValueError as exc:
+                    raise t.error(str(exc)) from exc
+            continue
+        expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
+        last = i == len(codecs) - 1
+        if name.startswith("blosc-"):
+            _decode_blosc(tasks, name[len("blosc-") :], expected, device, clock, last, decode)
+            continue
+        proven = "crc32c" in codecs[:i]  # the stored bytes passed a checksum before decoding
+        _check_frames(tasks, name, expected, device)
+        clock.lap("decode prep")
+        into = [t.target for t in tasks] if last and any(t.target is not None for t in tasks) else None
+        try:
+            decoded = device.codecs.decode(
+                name, [t.data for t in tasks], [expected] * len(tasks), into, decode=decode, proven=proven
+            )
+        except DecodeFailure as exc:
+            raise tasks[exc.index].error(f"{exc} (corrupt chunk)") from exc
+        except DecodeTimeout as exc:
+            raise tasks[0].error(f"{exc} (a batch of {len(tasks)} chunks from this one)") from exc
+        for t, d in zip(tasks, decoded):
+            if len(d) != expected:
+                raise t.error(f"{name} stream decoded to {len(d)} bytes, expected {expected}")
+            t.data = d
+            t.landed = into is not None and t.target is not None
+        tasks[0].owner = decoded
+        clock.lap(f"decode {name}")
+
+
+def _decode_blosc(
+    tasks: list[Any], cname: str, expected: int, device: Any, clock: Any, last: bool, decode: str
+) -> None:
+    """Blosc chunks: structure checked on the host, streams decoded in batches, blocks unshuffled."""
+    xp = device.xp
+    staging = tasks[0].staging
+    if staging is not None and all(t.staging is staging for t in tasks):
+        buffer = staging
+        starts = np.array([t.stage for t in tasks], dtype=np.int64)
+    else:
+        buffer = xp.concatenate([t.data for t in tasks])
+        starts = np.cumsum([0] + [len(t.data) for t in tasks[:-1]]).astype(np.int64)
+    lengths = np.array([len(t.data) for t in tasks], dtype=np.int64)
+
+    def read_u32(positions: np.ndarray) -> np.ndarray:
+        idx = positions[:, None] + np.arange(4)[None, :]
+        raw = device.to_host(buffer[xp.asarray(idx)]).astype(np.uint32)
+        return raw[:, 0] | raw[:, 1] << 8 | raw[:, 2] << 16 | raw[:, 3] << 24
+
+    try:
+        lay = blosc.layout(read_u32, starts, lengths, expected, cname)
+        clock.lap("blosc layout")
+        targets = [t.target for t in tasks] if last else None
+        if device.name == "gpu" and not decodes_on_gpu(blosc.STREAMS[cname], decode):
+            owners, views = blosc.decode_chunks_on_host([t.data for t in tasks], expected, device, targets)
+        else:
+            owners, views = blosc.decode_chunks(buffer, lay, len(tasks), expected, device, clock.lap, targets)
+    except blosc.BloscLayoutError as exc:
+        raise tasks[exc.index].error(str(exc)) from exc
+    except DecodeTimeout as exc:
+        raise tasks[0].error(f"{exc} (a batch of {len(tasks)} chunks from this one)") from exc
+    for t, v in zip(tasks, views):
+        t.data = v
+        t.landed = last and t.target is not None
+    tasks[0].owner = owners
+
+
+def _check_frames(tasks: list[Any], name: str, expected: int, device: Any) -> None:
+    """Check every stream's header/trailer on the host (one gather, one small copy)."""
+    xp, host = device.xp, device.to_host
+    staging = tasks[0].staging
+    shared = staging is not None and all(t.staging is staging for t in tasks)
+    if not shared:
+        heads = [host(t.data[:32]).tobytes() for t in tasks]
+        tails = [host(t.data[-4:]).tobytes() for t in tasks]
+    else:
+        offs = np.array([t.stage for t in tasks], dtype=np.int64)
+        lens = np.array([len(t.data) for t in tasks], dtype=np.int64)
+        idx_h = offs[:, None] + np.minimum(np.arange(32)[None, :], np.maximum(lens - 1, 0)[:, None])
+        idx_t = offs[:, None] + np.maximum(lens[:, None] - 4 + np.arange(4)[None, :], 0)
+        both = host(staging[xp.asarray(np.concatenate([idx_h, idx_t], axis=1))])
+        heads = [both[i, : min(32, lens[i])].tobytes() for i in range(len(tasks))]
+        tails = [both[i, 32:].tobytes() for i in range(len(tasks))]
+    for t, head, tail in zip(tasks, heads, tails):
+        if len(t.data) < 4:
+            raise t.error(f"{len(t.data)} bytes is too short for a {name} stream (corrupt chunk)")
+        problem = check_frame(name, head, tail, expected)
+        if problem:
+            raise t.error(f"{problem} (corrupt chunk)")
+    if name == "zstd":
+        if not shared:
+            lengths = [zstd_frame_length(host(t.data)) for t in tasks]
+        else:
+            lengths = zstd_frame_lengths(xp, staging, offs, lens)
+        for t, n in zip(tasks, lengths):
+            if n != len(t.data):
+                what = "runs past the end of" if n < 0 else f"is {n} bytes, not the {len(t.data)} of"
+                raise t.error(f"zstd frame {what} the stored stream (truncated or corrupt chunk)")
+
+
+def decode_on_host(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.ndarray:
+    """Run a chunk's byte codecs over its stored bytes on this thread; the last decoder
+    writes into ``final`` where given. Raises ChunkError naming the chunk."""
+    recipe = task.spec.recipe
+    codecs = recipe.bytes_codecs
+    for i, name in enumerate(codecs):
+        if name == "crc32c":
+            try:
+                data = crc32c_strip(np, data)
+            except ValueError as exc:
+                raise task.error(str(exc)) from exc
+            continue
+        expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
+        last = final is not None and i == len(codecs) - 1
+        into = final[:expected] if last else np.empty(expected, np.uint8)
+        if name.startswith("blosc-"):
+            try:
+                data = blosc.decode_one_on_host(data, expected, name[len("blosc-") :], into)
+            except blosc.BloscLayoutError as exc:
+                raise task.error(str(exc)) from exc
+            continue
+        problem = stream_problem(name, data, expected)
+        if problem:
+            raise task.error(f"{problem} (corrupt chunk)")
+        try:
+            out = _cpu_decode_one(name, data, expected, into)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
+            raise task.error(f"{name} decode failed: {exc} (corrupt chunk)") from exc
+        if len(out) != expected:
+            raise task.error(f"{name} stream decoded to {len(out)} bytes, expected {expected}")
+        data = out
+    return data
