@@ -162,64 +162,56 @@ def _write_benchmark_tables() -> None:
         (out / f"{path.stem}.md").write_text(table)
 
 
-def _plot_benchmarks() -> None:
-    """docs/_static/benchmarks.png: GB/s per read path and store, from benchmarks.json."""
+def _bar_plot(rows: list, paths: list[str], labels: list[str], title: str, name: str) -> None:
+    """docs/_static/<name>: grouped bars of GB/s, one group per store, one bar per read path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows, _meta = _benchmark_run(HERE / "benchmarks.json")
-    paths = list(rows[0]["paths"])
-    fig, ax = plt.subplots(figsize=(13, 4.5))
+    fig, ax = plt.subplots(figsize=(13, 4.8))
     width = 0.8 / len(paths)
-    for i, name in enumerate(paths):
-        values = [r["paths"].get(name, {}).get("GBps", 0) for r in rows]
-        ax.bar([k + i * width for k in range(len(rows))], values, width, label=name)
+    for i, path in enumerate(paths):
+        values = [r["paths"].get(path, {}).get("GBps", 0) for r in rows]
+        ax.bar([k + i * width for k in range(len(rows))], values, width, label=path)
     ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))])
-    ax.set_xticklabels([f"{r['store']}\n({r['GiB']:.0f} GiB, ratio {r['ratio']:.2f})" for r in rows])
+    ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("GB/s decoded into GPU memory")
-    ax.set_title("Read throughput on one H200 (warm page cache)")
+    ax.set_title(title)
     top = max(v.get("GBps", 0) for r in rows for v in r["paths"].values())
     ax.set_ylim(0, top * 1.3)  # room for the legend above the bars
     ax.legend(fontsize=8, ncol=4, loc="upper center")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     (HERE / "_static").mkdir(exist_ok=True)
-    fig.savefig(HERE / "_static" / "benchmarks.png", dpi=110)
+    fig.savefig(HERE / "_static" / name, dpi=110)
     plt.close(fig)
+
+
+def _plot_benchmarks() -> None:
+    """benchmarks.png: GB/s per read path and slab store, from benchmarks.json."""
+    rows, _meta = _benchmark_run(HERE / "benchmarks.json")
+    labels = [f"{r['store']}\n({r['GiB']:.0f} GiB, ratio {r['ratio']:.2f})" for r in rows]
+    _bar_plot(
+        rows,
+        list(rows[0]["paths"]),
+        labels,
+        "Read throughput on one H200 (warm page cache)",
+        "benchmarks.png",
+    )
 
 
 def _plot_patterns() -> None:
-    """docs/_static/read-patterns.png: GB/s by codec and chunk layout, the engine beside zarr's
-    GPU mode and the CPU peers, from benchmarks-patterns.json."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """read-patterns.png: GB/s by codec and chunk layout, the engine beside zarr's GPU mode and
+    the CPU peers, from benchmarks-patterns.json."""
     rows, meta = _benchmark_run(HERE / "benchmarks-patterns.json")
     paths = ["engine auto", "engine decode=gpu", "zarr GPU mode", "zarrs + asarray", "tensorstore + asarray",
              "dask chunks={}", "dask 256MiB"]  # fmt: skip
-    fig, ax = plt.subplots(figsize=(13, 4.8))
-    width = 0.8 / len(paths)
-    for i, name in enumerate(paths):
-        values = [r["paths"].get(name, {}).get("GBps", 0) for r in rows]
-        ax.bar([k + i * width for k in range(len(rows))], values, width, label=name)
-    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(rows))])
-    ax.set_xticklabels([r["store"].replace(" ", "\n", 1) for r in rows], fontsize=8)
-    ax.set_ylabel("GB/s decoded into GPU memory")
-    ax.set_title(
+    title = (
         f"Full loads by codec and chunk layout, {meta['hardware'].split(',')[0]} (commit {meta['commit']})"
     )
-    top = max(v.get("GBps", 0) for r in rows for v in r["paths"].values())
-    ax.set_ylim(0, top * 1.3)
-    ax.legend(fontsize=8, ncol=4, loc="upper center")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    (HERE / "_static").mkdir(exist_ok=True)
-    fig.savefig(HERE / "_static" / "read-patterns.png", dpi=110)
-    plt.close(fig)
+    labels = [r["store"].replace(" ", "\n", 1) for r in rows]
+    _bar_plot(rows, paths, labels, title, "read-patterns.png")
 
 
 _copy_notebooks()
