@@ -190,15 +190,11 @@ def _bar_plot(rows: list, paths: list[str], labels: list[str], title: str, name:
 
 def _plot_benchmarks() -> None:
     """benchmarks.png: GB/s per read path and slab store, from benchmarks.json."""
-    rows, _meta = _benchmark_run(HERE / "benchmarks.json")
+    rows, meta = _benchmark_run(HERE / "benchmarks.json")
     labels = [f"{r['store']}\n({r['GiB']:.0f} GiB, ratio {r['ratio']:.2f})" for r in rows]
-    _bar_plot(
-        rows,
-        list(rows[0]["paths"]),
-        labels,
-        "Read throughput on one H200 (warm page cache)",
-        "benchmarks.png",
-    )
+    gpu = meta["hardware"].split(",")[0]
+    title = f"Full loads of slab stores, {gpu}, {meta['date']} (commit {meta['commit']})"
+    _bar_plot(rows, list(rows[0]["paths"]), labels, title, "benchmarks.png")
 
 
 def _plot_patterns() -> None:
