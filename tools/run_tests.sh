@@ -17,7 +17,7 @@ done
 status=0
 for py in "${pythons[@]}"; do
   venv=$(mktemp -d /tmp/cupy-xarray-venv.XXXXXX)
-  echo "== $("$py" --version) in $venv"
+  echo "== $("$py" --version), in a fresh virtual environment (removed afterwards)"
   "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   "$venv/bin/python" -m pip install -q -e ".[test]" 2>&1 | grep -v '^WARNING: Location' || true
