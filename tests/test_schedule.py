@@ -336,16 +336,20 @@ def test_reads_beside_other_reads_teach_nothing(monkeypatch):
     monkeypatch.setattr(reader, "learn", lambda *a, **k: taught.append(a))
     (t,) = _tasks(("gzip",), 1)
     d = sch.Decision("a", "gzip", 0, 1, "", "gzip", id(t.spec.recipe), learns=True)
-    jobs = host_route.Jobs([])
-    jobs.count, jobs.most_busy = 1, 1
-    clock = reader._Clock(resolve_device("cpu"))
-    reader._learn([d], [t], GPU, clock, jobs)
-    assert len(taught) == 1
-    clock.crowded = True
-    reader._learn([d], [t], GPU, clock, jobs)
-    clock.crowded, jobs.most_busy = False, 3  # two other reads' jobs ran at the same time
-    reader._learn([d], [t], GPU, clock, jobs)
-    assert len(taught) == 1
+    jobs = host_route.Jobs()
+    cpu = resolve_device("cpu")
+    clock = reader._Clock(cpu)
+    with reader._running(clock):
+        reader._learn([d], [t], GPU, clock, jobs)
+    assert len(taught) == 1 and not clock.crowded
+    first, second = reader._Clock(cpu), reader._Clock(cpu)
+    with reader._running(first):
+        with reader._running(second):  # a second read starts while the first runs
+            pass
+        reader._learn([d], [t], GPU, first, jobs)
+    reader._learn([d], [t], GPU, second, jobs)
+    assert first.crowded and second.crowded and len(taught) == 1
+    assert not reader._active
 
 
 def test_batch_size_is_chosen_per_read_unless_given():

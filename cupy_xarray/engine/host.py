@@ -32,13 +32,11 @@ import numpy as np
 
 from .decoders import decode_on_host
 from .io import ReadOp, _pread_into, first_error
-from .scatter import bytes_to_chunk, scatter, select
+from .scatter import copy_bytes, place_chunk
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 _local = threading.local()
-_busy_lock = threading.Lock()
-_busy = [0]  # jobs of all reads running now
 
 
 def pool(threads: int) -> ThreadPoolExecutor:
@@ -75,17 +73,12 @@ def _stream(cupy: Any) -> Any:
     return s
 
 
-def _timed_job(task: Any, out: Any, device: Any, stats: dict | None, spent: list, jobs: Jobs) -> None:
-    with _busy_lock:
-        _busy[0] += 1
-        jobs.most_busy = max(jobs.most_busy, _busy[0])
+def _timed_job(task: Any, out: Any, device: Any, jobs: Jobs) -> None:
     t0 = time.perf_counter()
     try:
-        _job(task, out, device, stats)
+        _job(task, out, device, jobs.stats)
     finally:
-        spent.append((id(task.spec.recipe), time.perf_counter() - t0))  # (append: thread-safe)
-        with _busy_lock:
-            _busy[0] -= 1
+        jobs._spent.append((id(task.spec.recipe), time.perf_counter() - t0))  # (append: thread-safe)
 
 
 def byte_span(recipe: Any, chunk_sel: tuple) -> tuple[int, int]:
@@ -112,7 +105,7 @@ def byte_span(recipe: Any, chunk_sel: tuple) -> tuple[int, int]:
     return lo, hi
 
 
-def _job(task: Any, out: Any, device: Any, stats: dict | None = None) -> None:
+def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
     recipe = task.spec.recipe
     # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
     stored = _buffer("stored", task.nbytes, pinned=device.name == "gpu" and not recipe.bytes_codecs)
@@ -124,25 +117,24 @@ def _job(task: Any, out: Any, device: Any, stats: dict | None = None) -> None:
     if stats is not None:
         stats["host pread (thread-s)"] += time.perf_counter() - t0
     if device.name != "gpu":
-        target = task.target if task.target is not None else None
+        target = task.target
         final = target if target is not None else _buffer("decoded", recipe.nbytes + 8)
         data = decode_on_host(task, stored, final) if recipe.bytes_codecs else stored
         if len(data) < recipe.nbytes:
             raise task.error(f"chunk holds {len(data)} bytes, expected {recipe.nbytes}")
         if target is not None and data.ctypes.data == target.ctypes.data:
             return
-        _place_host(task, data, out)
+        _place_host(task, data, out, device)
         return
     _job_gpu(task, stored, out, device, stats, (lo, hi))
 
 
-def _place_host(task: Any, data: np.ndarray, out: np.ndarray) -> None:
+def _place_host(task: Any, data: np.ndarray, out: np.ndarray, device: Any) -> None:
     if task.copy is not None:
         src, n, dst = task.copy
-        out.reshape(-1).view(np.uint8)[dst : dst + n] = data[src : src + n]
+        copy_bytes(out, dst, data, src, n, device)
         return
-    chunk = bytes_to_chunk(np, data, task.spec.recipe)
-    scatter(np, out, task.piece.out_sel, select(np, chunk, task.piece.chunk_sel))
+    place_chunk(np, out, data, task.spec.recipe, task.piece)
 
 
 def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict | None, span: tuple) -> None:
@@ -172,8 +164,7 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
             lo, hi = span if not recipe.bytes_codecs else (0, n)  # only the bytes read
             if hi > lo:
                 rt.memcpyAsync(scratch.data.ptr + lo, src + lo, hi - lo, h2d, stream.ptr)
-            chunk = bytes_to_chunk(cupy, scratch, recipe)
-            scatter(cupy, out, task.piece.out_sel, select(cupy, chunk, task.piece.chunk_sel))
+            place_chunk(cupy, out, scratch, recipe, task.piece)
         stream.synchronize()  # the host buffers are reused by this thread's next job
     if stats is not None:
         stats["host decode (thread-s)"] += t1 - t0
@@ -183,22 +174,14 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
 class Jobs:
     """The host route's jobs of one read, running."""
 
-    def __init__(self, futures: list, stats: dict | None = None, spent: list | None = None) -> None:
-        self._futures = futures
-        #: thread-seconds per phase (with ``CUPY_XARRAY_PROFILE=1``)
-        self.stats = stats if stats is not None else {}
-        self._spent = spent if spent is not None else []
+    def __init__(self, stats: dict | None = None) -> None:
+        self._futures: list = []
+        #: thread-seconds per phase (with ``CUPY_XARRAY_PROFILE=1``), else None
+        self.stats = stats
+        self._spent: list[tuple[int, float]] = []  # (id(recipe), seconds) per job
         self.started = time.perf_counter()
-        #: the most jobs (of all reads) that ran at once while these ran
-        self.most_busy = 0
-        self.count = 0
         #: seconds from the start of the jobs to the end of the last (set by :meth:`wait`)
         self.wall = 0.0
-
-    @property
-    def alone(self) -> bool:
-        """No other read's jobs ran beside these (their timings are this read's own)."""
-        return self.most_busy <= self.count
 
     def spent(self) -> dict[int, float]:
         """Thread-seconds per recipe (``id(recipe)``), once the jobs have ended."""
@@ -227,16 +210,13 @@ class Jobs:
 
 def start(tasks: list[Any], outs: list[Any], device: Any) -> Jobs:
     """Start reading, decoding and placing every task on the pool."""
+    jobs = Jobs(defaultdict(float) if os.environ.get("CUPY_XARRAY_PROFILE") == "1" else None)
     if not tasks:
-        return Jobs([])
+        return jobs
     if device.name == "gpu":
         device.synchronize()  # the outputs' fill values are written before other streams write
     p = pool(device.threads)
-    stats = defaultdict(float) if os.environ.get("CUPY_XARRAY_PROFILE") == "1" else None
-    spent: list = []
-    jobs = Jobs([], stats, spent)
-    jobs.count = len(tasks)
-    jobs._futures = [p.submit(_timed_job, t, outs[t.out], device, stats, spent, jobs) for t in tasks]
+    jobs._futures = [p.submit(_timed_job, t, outs[t.out], device, jobs) for t in tasks]
     return jobs
 
 

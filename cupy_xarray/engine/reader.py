@@ -25,15 +25,13 @@ import numpy as np
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkError, OutOfMemoryError
 from . import host
-from .codecs import (
-    decode_choice,
-    decodes_on_gpu,
-)
+from .codecs import decode_choice
 from .decoders import decode_group, decodes_through_scratch, stream_lead, writes_into_output
 from .io import ReadOp
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
-from .scatter import bytes_to_chunk, scatter, select
-from .schedule import Decision, Scheduler, learn, proven, stream_kind
+from .scatter import copy_bytes as _copy_bytes
+from .scatter import place_chunk
+from .schedule import Decision, Scheduler, fixed_route, learn, stream_kind
 from .shards import EMPTY, read_shard_index
 from .spec import ArraySpec
 
@@ -119,17 +117,17 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
     r = spec.recipe
     codecs = ", ".join(r.bytes_codecs) or "uncompressed"
     where = device.codecs.name if r.bytes_codecs else device.io.name
-    kind = stream_kind(r.bytes_codecs)
-    if kind is not None:
+    if stream_kind(r.bytes_codecs) is not None:
         choice = decode_choice(decode)
+        route = fixed_route(r.bytes_codecs, choice)[0] if device.name == "gpu" else "host"
         if device.name != "gpu":
             where = "CPU threads, one chunk each"
-        elif choice == "gpu":
-            where = "nvCOMP (decode='gpu')"
-        elif choice == "cpu" or not decodes_on_gpu(kind, "auto", proven(r.bytes_codecs)):
+        elif route == "batch":
+            where = f"nvCOMP (decode={choice!r})"
+        elif route == "host":
             where = f"CPU threads (decode={choice!r}), copied to the GPU"
         else:
-            where = "nvCOMP and CPU threads, split per read by the cost model (decode='auto')"
+            where = "nvCOMP and CPU threads, chosen per read by the cost model (decode='auto')"
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
     return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}"
 
@@ -284,16 +282,6 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
     return session.submit(ops), staging
 
 
-def _copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, device: Device) -> None:
-    """Copy ``n`` bytes of ``src`` into the C-contiguous output at byte ``dst``."""
-    if device.name == "gpu":
-        rt = device.xp.cuda.runtime
-        stream = device.xp.cuda.get_current_stream().ptr
-        rt.memcpyAsync(out.data.ptr + dst, src.data.ptr + src_off, n, rt.memcpyDeviceToDevice, stream)
-    else:
-        out.reshape(-1).view(np.uint8)[dst : dst + n] = src[src_off : src_off + n]
-
-
 def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decode: str) -> None:
     staged = [t for t in batch if t.direct is None]
     groups: dict[int, list[_Task]] = {}
@@ -315,8 +303,7 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decod
                 src_off, n, dst = t.copy
                 _copy_bytes(outs[t.out], dst, t.data, src_off, n, device)
                 continue
-            chunk = bytes_to_chunk(xp, t.data, recipe)
-            scatter(xp, outs[t.out], t.piece.out_sel, select(xp, chunk, t.piece.chunk_sel))
+            place_chunk(xp, outs[t.out], t.data, recipe, t.piece)
         clock.lap("scatter")
         for t in group:
             t.release()
@@ -508,7 +495,7 @@ def _learn(
     """Hand the read's own timings of each scheduled group to the scheduler's rates."""
     if not decisions:
         return
-    if clock.crowded or not jobs.alone:  # other reads ran beside this one: not its own rates
+    if clock.crowded:  # other reads ran beside this one: the timings are not its own
         return
     spent = jobs.spent()
     sizes = {id(t.spec.recipe): t.spec.recipe.nbytes for t in tasks}
@@ -547,8 +534,9 @@ _active: set[_Clock] = set()  # the reads running now
 _active_lock = threading.Lock()
 
 
-def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler) -> list[Any]:
-    clock = _Clock(device)
+@contextlib.contextmanager
+def _running(clock: _Clock):
+    """Count a read among those running; any two that overlap are marked crowded."""
     with _active_lock:
         if _active:
             clock.crowded = True
@@ -556,10 +544,16 @@ def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler
                 other.crowded = True
         _active.add(clock)
     try:
-        return _read_arrays_timed(normalized, device, batch_bytes, progress, decode, scheduler, clock)
+        yield
     finally:
         with _active_lock:
             _active.discard(clock)
+
+
+def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler) -> list[Any]:
+    clock = _Clock(device)
+    with _running(clock):
+        return _read_arrays_timed(normalized, device, batch_bytes, progress, decode, scheduler, clock)
 
 
 def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, scheduler, clock) -> list[Any]:
@@ -620,7 +614,7 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
                         bar.update(sum(t.direct[1] if t.direct else t.nbytes for t in batch))
                 jobs.wait()
                 clock.lap("host route")
-                clock.stats.update(jobs.stats)
+                clock.stats.update(jobs.stats or {})
                 _learn(decisions, tasks, device, clock, jobs)
                 if bar is not None:
                     bar.update(sum(t.nbytes for t in on_host))

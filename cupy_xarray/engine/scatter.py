@@ -53,3 +53,20 @@ def scatter(xp: Any, out: Any, out_sel: tuple, part: Any) -> None:
         return
     full = [np.arange(*s.indices(out.shape[i])) if isinstance(s, slice) else s for i, s in enumerate(out_sel)]
     out[xp.ix_(*[xp.asarray(f) for f in full])] = part
+
+
+def place_chunk(xp: Any, out: Any, data: Any, recipe: ChunkRecipe, piece: Any) -> None:
+    """Put the part of one chunk's decoded bytes that a piece selects where it goes in the output."""
+    chunk = bytes_to_chunk(xp, data, recipe)
+    scatter(xp, out, piece.out_sel, select(xp, chunk, piece.chunk_sel))
+
+
+def copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, device: Any) -> None:
+    """Copy ``n`` bytes of ``src`` (on the output's device) into the C-contiguous output at byte
+    ``dst``."""
+    if device.name == "gpu":
+        rt = device.xp.cuda.runtime
+        stream = device.xp.cuda.get_current_stream().ptr
+        rt.memcpyAsync(out.data.ptr + dst, src.data.ptr + src_off, n, rt.memcpyDeviceToDevice, stream)
+    else:
+        out.reshape(-1).view(np.uint8)[dst : dst + n] = src[src_off : src_off + n]

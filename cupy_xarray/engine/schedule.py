@@ -184,11 +184,10 @@ class Scheduler:
         if kind is None:  # crc32c alone
             return ["batch"] * len(tasks), None
         key = id(recipe)
-        if decode == "gpu":
-            return ["batch"] * len(tasks), Decision(name, codec, len(tasks), 0, "decode='gpu'", kind, key)
-        if decode == "cpu" or not decodes_on_gpu(kind, "auto", proven(codecs)):
-            why = "decode='cpu'" if decode == "cpu" else _HOST_ONLY.get(kind, "decoded safely on the CPU")
-            return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), why, kind, key)
+        route, why = fixed_route(codecs, decode)
+        if route is not None:
+            n = len(tasks) if route == "batch" else 0
+            return [route] * len(tasks), Decision(name, codec, n, len(tasks) - n, why, kind, key)
         r = self.rates_for(kind, device)
         threads = device.threads
         sizes = np.array([t.spec.recipe.nbytes for t in tasks], dtype=np.float64)
@@ -215,6 +214,19 @@ _HOST_ONLY = {
 BLOSC_STREAM_BYTES = 2**16
 #: a split must be estimated at most this share of the faster processor's time alone
 SPLIT_GAIN = 0.6
+
+
+def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
+    """The route every chunk of a compressed chain takes on a GPU read whatever the cost
+    model would say, and why; ``(None, "")`` where the model chooses."""
+    if decode == "gpu":
+        return "batch", "decode='gpu'"
+    if decode == "cpu":
+        return "host", "decode='cpu'"
+    kind = stream_kind(codecs)
+    if not decodes_on_gpu(kind, "auto", proven(codecs)):
+        return "host", _HOST_ONLY.get(kind, "decoded safely on the CPU")
+    return None, ""
 
 
 def split(
@@ -262,8 +274,20 @@ def cache_path() -> str:
     return os.path.join(root, "decode-rates.json")
 
 
+_machine_keys: dict[tuple[str, int], str] = {}
+
+
 def machine_key(device: Any) -> str:
-    """Names the machine the rates belong to: GPU model, core count, nvCOMP build."""
+    """Names the machine the rates belong to: GPU model, core count, nvCOMP build (asked of
+    the driver once per device: every scheduled read needs it)."""
+    index = device.xp.cuda.Device().id if device.name == "gpu" else -1
+    key = _machine_keys.get((device.name, index))
+    if key is None:
+        key = _machine_keys[(device.name, index)] = _machine_key(device)
+    return key
+
+
+def _machine_key(device: Any) -> str:
     gpu = "none"
     if device.name == "gpu":
         props = device.xp.cuda.runtime.getDeviceProperties(device.xp.cuda.Device().id)
