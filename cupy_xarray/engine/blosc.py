@@ -312,8 +312,6 @@ def decode_chunks_on_host(
     Returns the buffers to keep alive and each chunk's decoded bytes on the device."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from numcodecs import blosc as cblosc
-
     from .codecs import host_copies, host_threads, pinned_buffer, to_device
 
     n = len(chunks)
@@ -323,10 +321,7 @@ def decode_chunks_on_host(
     srcs = host_copies(chunks)
 
     def one(i: int) -> None:
-        try:
-            cblosc.decompress(memoryview(srcs[i]), pinned[slots[i] : slots[i] + expected])
-        except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
-            raise BloscLayoutError(i, f"c-blosc cannot decode it: {exc} (corrupt chunk)") from exc
+        c_blosc_into(srcs[i], pinned[slots[i] : slots[i] + expected], i)
 
     with ThreadPoolExecutor(max_workers=min(host_threads(), n)) as pool:
         list(pool.map(one, range(n)))
@@ -335,24 +330,34 @@ def decode_chunks_on_host(
     return [scratch], outs
 
 
+def le_u32(raw: np.ndarray) -> np.ndarray:
+    """Little-endian uint32 of each row of four bytes (``raw``: shape (n, 4), on the host)."""
+    raw = raw.astype(np.uint32)
+    return raw[:, 0] | raw[:, 1] << 8 | raw[:, 2] << 16 | raw[:, 3] << 24
+
+
 def decode_one_on_host(src: np.ndarray, expected: int, cname: str, into: np.ndarray) -> np.ndarray:
     """Check one Blosc chunk's layout (:func:`layout`) and decode it with c-blosc into ``into``
     (``expected`` bytes), on the calling thread."""
-    from numcodecs import blosc as cblosc
-
     src = np.ascontiguousarray(src)
 
     def read_u32(positions: np.ndarray) -> np.ndarray:
-        idx = np.minimum(positions[:, None] + np.arange(4)[None, :], max(len(src) - 1, 0))
-        raw = src[idx].astype(np.uint32)
-        return raw[:, 0] | raw[:, 1] << 8 | raw[:, 2] << 16 | raw[:, 3] << 24
+        return le_u32(src[np.minimum(positions[:, None] + np.arange(4)[None, :], max(len(src) - 1, 0))])
 
     layout(read_u32, np.zeros(1, np.int64), np.array([len(src)], np.int64), expected, cname)
+    c_blosc_into(src, into, 0)
+    return into
+
+
+def c_blosc_into(src: np.ndarray, into: np.ndarray, index: int) -> None:
+    """Decode one whole Blosc chunk (its layout checked) with c-blosc into ``into``; a failure
+    names chunk ``index`` of the batch."""
+    from numcodecs import blosc as cblosc
+
     try:
         cblosc.decompress(memoryview(src), into)
     except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
-        raise BloscLayoutError(0, f"c-blosc cannot decode it: {exc} (corrupt chunk)") from exc
-    return into
+        raise BloscLayoutError(index, f"c-blosc cannot decode it: {exc} (corrupt chunk)") from exc
 
 
 def _decode_streams(device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray) -> list[Any]:

@@ -174,20 +174,31 @@ def zstd_frame_length(data: bytes | np.ndarray) -> int:
     return pos if pos <= n else -1
 
 
-def stream_problem(name: str, data: np.ndarray, expected: int) -> str | None:
-    """What is wrong with one stored stream held on the host (:func:`check_frame`, and for
-    zstd the frame's length against the stream's), or None."""
-    if len(data) < 4:
-        return f"{len(data)} bytes is too short for a {name} stream"
-    head, tail = bytes(data[:32]), bytes(data[-4:])
+def frame_problem(name: str, head: bytes, tail: bytes, length: int, expected: int) -> str | None:
+    """The error for a stored stream of ``length`` bytes whose first 32 and last 4 bytes are
+    ``head`` and ``tail`` (:func:`check_frame`), or None."""
+    if length < 4:
+        return f"{length} bytes is too short for a {name} stream (corrupt chunk)"
     problem = check_frame(name, head, tail, expected)
+    return f"{problem} (corrupt chunk)" if problem else None
+
+
+def zstd_length_problem(walked: int, length: int) -> str | None:
+    """The error for a zstd frame whose block walk (:func:`zstd_frame_length`) ended at
+    ``walked`` in a stream of ``length`` bytes, or None."""
+    if walked == length:
+        return None
+    what = "runs past the end of" if walked < 0 else f"is {walked} bytes, not the {length} of"
+    return f"zstd frame {what} the stored stream (truncated or corrupt chunk)"
+
+
+def stream_problem(name: str, data: np.ndarray, expected: int) -> str | None:
+    """The error for one stored stream held on the host (its framing, and for zstd the
+    frame's length against the stream's), or None."""
+    problem = frame_problem(name, bytes(data[:32]), bytes(data[-4:]), len(data), expected)
     if problem or name != "zstd":
         return problem
-    n = zstd_frame_length(data)
-    if n != len(data):
-        what = "runs past the end of" if n < 0 else f"is {n} bytes, not the {len(data)} of"
-        return f"zstd frame {what} the stored stream (truncated?)"
-    return None
+    return zstd_length_problem(zstd_frame_length(data), len(data))
 
 
 ZSTD_FRAME_LENGTH_KERNEL = r"""

@@ -23,12 +23,13 @@ from . import blosc
 from .codecs import (
     DecodeFailure,
     _cpu_decode_one,
-    check_frame,
     crc32c_strip,
     decodes_on_gpu,
+    frame_problem,
     stream_problem,
     zstd_frame_length,
     zstd_frame_lengths,
+    zstd_length_problem,
 )
 from .nvcomp_api import DecodeTimeout
 
@@ -53,13 +54,21 @@ def decodes_through_scratch(codecs: tuple[str, ...]) -> bool:
     return bool(codecs) and codecs[-1].startswith("blosc-")
 
 
+def _steps(codecs: tuple[str, ...], nbytes: int):
+    """The decoders of a chain in decode order: ``(name, expected, last, proven)``, where
+    ``expected`` is what the step decodes to (the chunk plus the checksums still to strip) and
+    ``proven`` says whether a crc32c checked the stored bytes before it."""
+    for i, name in enumerate(codecs):
+        expected = nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
+        yield name, expected, i == len(codecs) - 1, "crc32c" in codecs[:i]
+
+
 def decode_group(tasks: list[Any], device: Any, clock: Any, decode: str) -> None:
     """Run one recipe's byte codecs over a group of staged tasks (the reader's batches), in
     batched calls of ``device.codecs``; ``clock.lap(phase)`` records the time of each."""
     recipe = tasks[0].spec.recipe
     xp = device.xp
-    codecs = recipe.bytes_codecs
-    for i, name in enumerate(codecs):
+    for name, expected, last, proven in _steps(recipe.bytes_codecs, recipe.nbytes):
         if name == "crc32c":
             for t in tasks:
                 try:
@@ -67,12 +76,9 @@ def decode_group(tasks: list[Any], device: Any, clock: Any, decode: str) -> None
                 except ValueError as exc:
                     raise t.error(str(exc)) from exc
             continue
-        expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
-        last = i == len(codecs) - 1
         if name.startswith("blosc-"):
             _decode_blosc(tasks, name[len("blosc-") :], expected, device, clock, last, decode)
             continue
-        proven = "crc32c" in codecs[:i]  # the stored bytes passed a checksum before decoding
         _check_frames(tasks, name, expected, device)
         clock.lap("decode prep")
         into = [t.target for t in tasks] if last and any(t.target is not None for t in tasks) else None
@@ -108,9 +114,7 @@ def _decode_blosc(
     lengths = np.array([len(t.data) for t in tasks], dtype=np.int64)
 
     def read_u32(positions: np.ndarray) -> np.ndarray:
-        idx = positions[:, None] + np.arange(4)[None, :]
-        raw = device.to_host(buffer[xp.asarray(idx)]).astype(np.uint32)
-        return raw[:, 0] | raw[:, 1] << 8 | raw[:, 2] << 16 | raw[:, 3] << 24
+        return blosc.le_u32(device.to_host(buffer[xp.asarray(positions[:, None] + np.arange(4)[None, :])]))
 
     try:
         lay = blosc.layout(read_u32, starts, lengths, expected, cname)
@@ -147,37 +151,32 @@ def _check_frames(tasks: list[Any], name: str, expected: int, device: Any) -> No
         heads = [both[i, : min(32, lens[i])].tobytes() for i in range(len(tasks))]
         tails = [both[i, 32:].tobytes() for i in range(len(tasks))]
     for t, head, tail in zip(tasks, heads, tails):
-        if len(t.data) < 4:
-            raise t.error(f"{len(t.data)} bytes is too short for a {name} stream (corrupt chunk)")
-        problem = check_frame(name, head, tail, expected)
+        problem = frame_problem(name, head, tail, len(t.data), expected)
         if problem:
-            raise t.error(f"{problem} (corrupt chunk)")
+            raise t.error(problem)
     if name == "zstd":
         if not shared:
             lengths = [zstd_frame_length(host(t.data)) for t in tasks]
         else:
             lengths = zstd_frame_lengths(xp, staging, offs, lens)
         for t, n in zip(tasks, lengths):
-            if n != len(t.data):
-                what = "runs past the end of" if n < 0 else f"is {n} bytes, not the {len(t.data)} of"
-                raise t.error(f"zstd frame {what} the stored stream (truncated or corrupt chunk)")
+            problem = zstd_length_problem(int(n), len(t.data))
+            if problem:
+                raise t.error(problem)
 
 
 def decode_on_host(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.ndarray:
     """Run a chunk's byte codecs over its stored bytes on this thread; the last decoder
     writes into ``final`` where given. Raises ChunkError naming the chunk."""
     recipe = task.spec.recipe
-    codecs = recipe.bytes_codecs
-    for i, name in enumerate(codecs):
+    for name, expected, last, _proven in _steps(recipe.bytes_codecs, recipe.nbytes):
         if name == "crc32c":
             try:
                 data = crc32c_strip(np, data)
             except ValueError as exc:
                 raise task.error(str(exc)) from exc
             continue
-        expected = recipe.nbytes + 4 * sum(c == "crc32c" for c in codecs[i + 1 :])
-        last = final is not None and i == len(codecs) - 1
-        into = final[:expected] if last else np.empty(expected, np.uint8)
+        into = final[:expected] if last and final is not None else np.empty(expected, np.uint8)
         if name.startswith("blosc-"):
             try:
                 data = blosc.decode_one_on_host(data, expected, name[len("blosc-") :], into)
@@ -186,7 +185,7 @@ def decode_on_host(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.
             continue
         problem = stream_problem(name, data, expected)
         if problem:
-            raise task.error(f"{problem} (corrupt chunk)")
+            raise task.error(problem)
         try:
             out = _cpu_decode_one(name, data, expected, into)
         except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
