@@ -227,7 +227,7 @@ def verify_cost(path: Path, kind: str, threads: int, repeat: int) -> tuple[float
     import cupy
     import xarray as xr
 
-    from cupy_xarray.engine import checksums
+    from cupy_xarray.engine.decoders import checksums
 
     load = lambda: xr.open_dataset(path, engine="kvikio", threads=threads, decode="gpu")["field"].data  # noqa: E731
     t_read, _ = timed(load, repeat)

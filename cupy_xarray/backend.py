@@ -24,7 +24,7 @@ from .cf import device_agnostic, find_backend_array
 from .containment import Containment
 from .device import Device, PrototypeDevice, resolve_device
 from .engine import array_spec, read_arrays
-from .engine.codecs import decode_choice
+from .engine.decoders import decode_choice
 from .engine.plan import normalize_selection
 from .errors import StoreError
 

@@ -2,7 +2,7 @@
 
 A :class:`Device` bundles what the read engine needs from a place where arrays live:
 the array module (``numpy`` or ``cupy``), allocation, a byte-range reader
-(:mod:`cupy_xarray.engine.io`) and a batch decoder (:mod:`cupy_xarray.engine.codecs`).
+(:mod:`cupy_xarray.engine.io`) and a batch decoder (:mod:`cupy_xarray.engine.decoders.batch`).
 The engine and the xarray adapters only ever talk to a Device, so the same
 orchestration runs in CI on the CPU and on the GPU.
 """
@@ -161,7 +161,7 @@ def host_available_bytes() -> int | None:
 
 
 def cpu_device(threads: int | None = None) -> Device:
-    from .engine.codecs import CPUCodecs
+    from .engine.decoders.batch import CPUCodecs
     from .engine.io import PosixIO
 
     return Device("cpu", np, PosixIO(), CPUCodecs(), threads or default_threads())
@@ -169,7 +169,7 @@ def cpu_device(threads: int | None = None) -> Device:
 
 def gpu_device(threads: int | None = None) -> Device:
     cupy = require_gpu()
-    from .engine.codecs import GPUCodecs
+    from .engine.decoders.batch import GPUCodecs
     from .engine.io import KvikioIO
 
     return Device("gpu", cupy, KvikioIO(), GPUCodecs(), threads or default_threads())

@@ -35,12 +35,12 @@ def info_lines() -> list[str]:
         ("nvCOMP", "nvidia.nvcomp"),
     ]:
         lines.append(f"{name:<13} {_version(module)}")
-    from .engine.nvcomp_api import describe as nvcomp_c_api
+    from .engine.decoders.nvcomp import describe as nvcomp_c_api
 
     lines.append(f"nvCOMP C API  {nvcomp_c_api()}")
     lines.append(f"io threads    {default_threads()} (CUPY_XARRAY_THREADS or threads=)")
     try:
-        from .engine.codecs import decode_choice
+        from .engine.decoders import decode_choice
 
         choice = decode_choice()
     except ValueError as exc:

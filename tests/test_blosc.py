@@ -10,7 +10,7 @@ from conftest import expected_type, host, module_of
 
 from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, describe, read_arrays
-from cupy_xarray.engine import blosc as eb
+from cupy_xarray.engine.decoders import blosc as eb
 from cupy_xarray.errors import ChunkError
 
 SHUFFLES = {

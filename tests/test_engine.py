@@ -405,7 +405,7 @@ def test_corrupt_zstd_block_body_names_the_chunk(tmp_path):
     faults on such a block (an unspecified launch failure that leaves the CUDA context
     unusable; seen on the H200 with nvCOMP 6.0, see docs/troubleshooting.md)."""
     a, path = _zstd_store(tmp_path)
-    from cupy_xarray.engine.codecs import zstd_header_length
+    from cupy_xarray.engine.decoders.zstd import header_length as zstd_header_length
 
     raw = bytearray(open(path, "rb").read())
     start = zstd_header_length(raw[4])
@@ -420,7 +420,7 @@ def test_corrupt_zstd_block_body_names_the_chunk(tmp_path):
 
 
 def test_zstd_frame_length_walks_blocks():
-    from cupy_xarray.engine.codecs import zstd_frame_length
+    from cupy_xarray.engine.decoders.zstd import frame_length as zstd_frame_length
 
     rng = np.random.default_rng(3)
     for level, checksum in [(1, False), (5, True), (19, False)]:
@@ -437,7 +437,8 @@ def test_zstd_frame_length_walks_blocks():
 def test_zstd_frame_length_kernel_matches_python():
     import cupy
 
-    from cupy_xarray.engine.codecs import zstd_frame_length, zstd_frame_lengths
+    from cupy_xarray.engine.decoders.zstd import frame_length as zstd_frame_length
+    from cupy_xarray.engine.decoders.zstd import frame_lengths as zstd_frame_lengths
 
     rng = np.random.default_rng(4)
     frames = [

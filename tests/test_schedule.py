@@ -48,7 +48,7 @@ def test_auto_chooses_safe_streams_by_cost(codecs):
     assert many == ["batch"] * d.gpu + ["host"] * d.host and "cost model" in d.why
     r = RATES[sch.stream_kind(codecs)]
     sizes = np.full(1024, 4.0 * 2**20)
-    stream = sch.BLOSC_STREAM_BYTES if codecs[0].startswith("blosc") else None
+    stream = sch.stream_bytes(codecs)
     alone = min(r.gpu_seconds(sizes, stream), r.host_seconds(sizes, 16))
     got = max(r.gpu_seconds(sizes[: d.gpu], stream), r.host_seconds(sizes[d.gpu :], 16))
     # the faster processor alone, or a split that saves at least 40 % of its time
@@ -109,10 +109,10 @@ def test_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["zstd", "gzip", "zlib", "lz4", "lz4-block"])
 def test_sample_streams_decode_to_their_size(kind):
-    from cupy_xarray.engine.codecs import _cpu_decode_one
+    from cupy_xarray.engine.decoders import stream
 
     (s,), n = sample_streams_one(kind)
-    assert len(_cpu_decode_one(kind, s, n)) == n and len(s) < n
+    assert len(stream(kind).decode_host(s, n)) == n and len(s) < n
 
 
 def sample_streams_one(kind):

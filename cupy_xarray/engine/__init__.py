@@ -6,9 +6,11 @@ Data path, one module per step::
     plan.py     selection -> chunk pieces (chunk-local and output selections)
     shards.py   shard index -> inner chunk byte ranges
     io.py       byte ranges -> device buffers (os.preadv | kvikio)
-    codecs.py   compressed streams -> bytes (numcodecs/zlib | nvCOMP), framing
+    schedule.py which chunks nvCOMP decodes and which CPU threads do: the cost model
+    host.py     the CPU-thread route: read, decode, check, copy, one chunk per thread
+    decoders/   compressed streams -> bytes, one module per codec family (nvCOMP | CPU)
     scatter.py  bytes -> chunk arrays -> the output
-    reader.py   the orchestration: batches, overlap, errors
+    reader.py   the orchestration: batches, routes, overlap, errors
 """
 
 from .reader import describe, read_arrays

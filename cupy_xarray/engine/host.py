@@ -56,7 +56,7 @@ def _buffer(name: str, nbytes: int, pinned: bool = False) -> np.ndarray:
     buf = getattr(_local, key, None)
     if buf is None or len(buf) < nbytes:
         if pinned:
-            from .codecs import pinned_buffer
+            from .decoders.batch import pinned_buffer
 
             buf = pinned_buffer(nbytes)
         else:
@@ -138,7 +138,7 @@ def _place_host(task: Any, data: np.ndarray, out: np.ndarray, device: Any) -> No
 
 
 def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict | None, span: tuple) -> None:
-    from .codecs import pinned_buffer
+    from .decoders.batch import pinned_buffer
 
     cupy = device.xp
     recipe = task.spec.recipe

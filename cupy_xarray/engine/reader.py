@@ -25,8 +25,7 @@ import numpy as np
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkError, OutOfMemoryError
 from . import host
-from .codecs import decode_choice
-from .decoders import decode_group, decodes_through_scratch, stream_lead, writes_into_output
+from .decoders import decode_choice, decode_group, decodes_through_scratch, stream_lead, writes_into_output
 from .io import ReadOp
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
 from .scatter import copy_bytes as _copy_bytes
@@ -429,7 +428,7 @@ def read_arrays(
         Where a GPU read decodes compressed chunks: ``"auto"`` (nvCOMP for the streams it
         decodes safely, CPU threads for the others), ``"gpu"`` (nvCOMP for all: for stores
         you trust) or ``"cpu"``; default ``CUPY_XARRAY_DECODE`` or ``"auto"``
-        (:func:`~cupy_xarray.engine.codecs.decodes_on_gpu`). The values are the same.
+        (:func:`~cupy_xarray.engine.decoders.decodes_on_gpu`). The values are the same.
     scheduler
         Gives each chunk its route (:class:`~cupy_xarray.engine.schedule.Scheduler`); default
         the cost model with this machine's rates.

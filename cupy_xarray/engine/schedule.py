@@ -12,7 +12,7 @@ the :class:`Scheduler` gives each chunk a route:
 
 ``decode="gpu"`` sends every compressed chunk of a GPU read to nvCOMP, ``"cpu"`` every one
 to CPU threads. ``"auto"`` sends to nvCOMP only the streams it decodes safely
-(:func:`~.codecs.decodes_on_gpu`) and splits those between both processors by a cost model
+(:func:`~.decoders.decodes_on_gpu`) and splits those between both processors by a cost model
 (:class:`Rates`): each processor gets the share it finishes in the same time, so a small
 selection (where one nvCOMP call costs milliseconds whatever its size) goes to CPU threads
 and a large load to both. The rates are measured on the machine the first time a choice
@@ -32,95 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import decodes_on_gpu
+from .decoders import Rates, compressor, decodes_on_gpu, proven, stream, stream_bytes, stream_kind
+from .decoders.registry import STREAMS
 
 log = logging.getLogger("cupy_xarray")
 
-
-def compressor(codecs: tuple[str, ...]) -> str | None:
-    """The chain's compressor (the codec that is not ``crc32c``), or None."""
-    return next((c for c in codecs if c != "crc32c"), None)
-
-
-def stream_kind(codecs: tuple[str, ...]) -> str | None:
-    """The stream kind nvCOMP would decode for a chain: the compressor, or for Blosc the
-    kind of its inner streams (``"lz4-block"``, ``"zstd"``)."""
-    name = compressor(codecs)
-    if name is None or not name.startswith("blosc-"):
-        return name
-    from .blosc import STREAMS
-
-    return STREAMS[name[len("blosc-") :]]
-
-
-def proven(codecs: tuple[str, ...]) -> bool:
-    """True when a crc32c codec checks the stored bytes before the compressor sees them."""
-    name = compressor(codecs)
-    return name is not None and "crc32c" in codecs[: codecs.index(name)]
-
-
-@dataclass(frozen=True)
-class Rates:
-    """How fast one stream kind decodes on this machine (decoded bytes per second).
-
-    Attributes
-    ----------
-    host_thread
-        One CPU thread alone: read, decode, checks and the copy to the device.
-    gpu
-        nvCOMP with many streams in flight.
-    gpu_stream
-        nvCOMP on one stream alone (nvCOMP decodes a stream with one group of threads).
-    gpu_call
-        Seconds one batched call costs whatever its size.
-    measured
-        Whether the figures were measured here (else: defaults measured on an H200 host).
-    reads
-        How many reads' own timings refined them since (:func:`learn`).
-    host_pool
-        All the pool's threads together (0: ``threads × host_thread``); less than that sum,
-        since they share the interpreter, memory bandwidth and the copies to the GPU.
-    """
-
-    host_thread: float
-    gpu: float
-    gpu_stream: float
-    gpu_call: float
-    measured: bool = False
-    reads: int = 0  # reads whose timings refined the figures (:func:`learn`)
-    host_pool: float = 0.0
-
-    def gpu_seconds(
-        self, sizes: np.ndarray, stream_bytes: float | None = None, batch_bytes: float | None = None
-    ) -> float:
-        """Seconds for chunks of ``sizes`` decoded bytes in calls of up to ``batch_bytes``
-        (default: one call); ``stream_bytes``: the largest stream (default: a chunk is one)."""
-        if not len(sizes):
-            return 0.0
-        longest = float(sizes.max()) if stream_bytes is None else min(float(sizes.max()), stream_bytes)
-        total = float(sizes.sum())
-        calls = max(1, math.ceil(total / batch_bytes)) if batch_bytes else 1
-        return calls * (self.gpu_call + longest / self.gpu_stream) + total / self.gpu
-
-    def host_seconds(self, sizes: np.ndarray, threads: int) -> float:
-        if not len(sizes):
-            return 0.0
-        # threads take chunks as they free up: at least one chunk's time on one thread
-        pool = self.host_pool or threads * self.host_thread
-        return max(float(sizes.sum()) / pool, float(sizes.max()) / self.host_thread)
-
-
-#: figures measured on an H200 host with 16 cores (4 MiB float32 chunks of smooth data; the
-#: pools' figures are full loads on CPU threads)
-DEFAULT_RATES = {
-    "zstd": Rates(0.5e9, 40e9, 0.07e9, 1e-3, host_pool=6.5e9),
-    "gzip": Rates(0.17e9, 2.8e9, 0.03e9, 1e-3, host_pool=1.7e9),
-    "zlib": Rates(0.17e9, 2.8e9, 0.03e9, 1e-3, host_pool=1.7e9),
-    "lz4": Rates(1.0e9, 20e9, 0.02e9, 1e-3, host_pool=7e9),
-    # Blosc: its layout check, unshuffle and copies add launches and host round trips per call
-    # (one 4 MiB chunk read through them took 11.7 ms; one CPU thread, 4.5 ms)
-    "lz4-block": Rates(0.9e9, 25e9, 1.0e9, 1e-2, host_pool=3.2e9),
-}
+#: each stream kind's figures measured on an H200 host (:attr:`~.decoders.StreamDecoder.rates`)
+DEFAULT_RATES: dict[str, Rates] = {kind: decoder.rates for kind, decoder in STREAMS.items()}
 
 
 @dataclass
@@ -192,8 +110,8 @@ class Scheduler:
         threads = device.threads
         sizes = np.array([t.spec.recipe.nbytes for t in tasks], dtype=np.float64)
         # a Blosc chunk is many streams, one per block (and per byte of the type when split)
-        stream = BLOSC_STREAM_BYTES if codec.startswith("blosc-") else None
-        k, tg, th = split(sizes, r, threads, stream, batch_bytes)
+        longest = stream_bytes(codecs)
+        k, tg, th = split(sizes, r, threads, longest, batch_bytes)
         why = f"cost model: nvCOMP {tg * 1e3:.1f} ms beside {threads} CPU threads {th * 1e3:.1f} ms" + (
             "" if r.measured else ", default rates"
         )
@@ -204,14 +122,6 @@ class Scheduler:
 #: uncompressed tiles beyond this size are staged with the batches, smaller reads go to CPU threads
 SMALL_READ_BYTES = 64 * 2**20
 
-_HOST_ONLY = {
-    "zstd": "nvCOMP's zstd decoder does not report damaged frames; decode='gpu' for trusted stores",
-    "lz4": "one LZ4 block per chunk: liblz4 on CPU threads is faster than nvCOMP",
-}
-
-
-#: the stream size Blosc's streams are calibrated and modelled at
-BLOSC_STREAM_BYTES = 2**16
 #: a split must be estimated at most this share of the faster processor's time alone
 SPLIT_GAIN = 0.6
 
@@ -225,7 +135,7 @@ def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
         return "host", "decode='cpu'"
     kind = stream_kind(codecs)
     if not decodes_on_gpu(kind, "auto", proven(codecs)):
-        return "host", _HOST_ONLY.get(kind, "decoded safely on the CPU")
+        return "host", stream(kind).host_only or "decoded safely on the CPU"
     return None, ""
 
 
@@ -292,10 +202,10 @@ def _machine_key(device: Any) -> str:
     if device.name == "gpu":
         props = device.xp.cuda.runtime.getDeviceProperties(device.xp.cuda.Device().id)
         gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        from . import nvcomp_api
+        from .decoders import nvcomp
 
-        nvcomp_api.library()
-        nv = nvcomp_api._lib_version
+        nvcomp.library()
+        nv = nvcomp._lib_version
     else:
         nv = 0
     return f"{gpu}|{os.cpu_count()} cores|nvcomp {nv}"
@@ -374,8 +284,8 @@ def learn(
         elif decision.gpu == 0 and 0 < decision.host <= threads and host_job_seconds > 0:
             host = (1 - LEARN_WEIGHT) * host + LEARN_WEIGHT * decision.host * nbytes / host_job_seconds
         elif decision.host == 0 and decision.gpu >= LEARN_MIN_CHUNKS and gpu_seconds > 0:
-            stream = BLOSC_STREAM_BYTES if decision.codec.startswith("blosc-") else nbytes
-            spent = max(gpu_seconds - r.gpu_call - stream / r.gpu_stream, 0.25 * gpu_seconds)
+            longest = stream_bytes((decision.codec,)) or nbytes
+            spent = max(gpu_seconds - r.gpu_call - longest / r.gpu_stream, 0.25 * gpu_seconds)
             gpu = (1 - LEARN_WEIGHT) * gpu + LEARN_WEIGHT * decision.gpu * nbytes / spent
         else:
             return
@@ -409,31 +319,12 @@ def _store(path: str, data: dict) -> None:
 def sample_streams(kind: str, count: int, nbytes: int = 2**20) -> tuple[list[np.ndarray], int]:
     """``count`` streams of ``kind`` holding ``nbytes`` of smooth float32 data each (as
     geophysical fields compress), framed as zarr stores them."""
-    import zlib
-
     n = nbytes // 4
     x = np.linspace(0, 40 * np.pi, n, dtype=np.float32)
     field = np.sin(x) * 20 + 280
     field[::97] += np.random.default_rng(0).standard_normal(len(field[::97])).astype(np.float32)
     data = (np.round(field * 64) / 64).astype(np.float32).tobytes()
-    if kind == "zstd":
-        from numcodecs import Zstd
-
-        stream = Zstd(level=1).encode(data)
-    elif kind == "gzip":
-        from numcodecs import GZip
-
-        stream = GZip(level=1).encode(data)
-    elif kind == "zlib":
-        stream = zlib.compress(data, 1)
-    elif kind in ("lz4", "lz4-block"):
-        from numcodecs import LZ4
-
-        stream = LZ4().encode(data)
-        stream = stream[4:] if kind == "lz4-block" else stream
-    else:
-        raise ValueError(f"no sample for {kind}")
-    one = np.frombuffer(bytes(stream), dtype=np.uint8)
+    one = np.frombuffer(stream(kind).sample(data), dtype=np.uint8)
     return [one.copy() for _ in range(count)], nbytes
 
 
@@ -441,17 +332,16 @@ def calibrate(kind: str, device: Any) -> Rates:
     """Measure ``kind``'s rates here: one CPU thread on a few 1 MiB streams (64 KiB for
     Blosc's), and nvCOMP on 1 stream and on 64 MiB of them (about 0.1-0.5 s, once per
     machine and kind; reads refine the figures, :func:`learn`)."""
-    from .codecs import _cpu_decode_one
-
-    base = DEFAULT_RATES[kind]
-    size = BLOSC_STREAM_BYTES if kind == "lz4-block" else 2**20
+    decoder = stream(kind)
+    base = decoder.rates
+    size = decoder.sample_bytes
     many = 64 * 2**20 // size
     streams, n = sample_streams(kind, many, size)
     out = np.empty(n, dtype=np.uint8)
-    _cpu_decode_one(kind, streams[0], n, out)
+    decoder.decode_host(streams[0], n, out)
     t0 = time.perf_counter()
     for s in streams[:8]:
-        _cpu_decode_one(kind, s, n, out)
+        decoder.decode_host(s, n, out)
     host = 8 * n / (time.perf_counter() - t0)
     if device.name != "gpu" or not getattr(device.codecs, "available", False):
         return Rates(host, base.gpu, base.gpu_stream, base.gpu_call, measured=True, host_pool=base.host_pool)
@@ -468,9 +358,8 @@ def calibrate(kind: str, device: Any) -> Rates:
     run(1)  # loads nvCOMP's kernels
     t1 = min(run(1) for _ in range(3))
     t_many = min(run(many) for _ in range(2))
-    # Blosc's own launches (layout, unshuffle) are not in this measurement: keep their cost
-    call = base.gpu_call if kind == "lz4-block" else min(base.gpu_call, t1 / 2)
+    call = min(base.gpu_call, t1 / 2) if decoder.calibrates_call else base.gpu_call
     gpu = (many - 1) * n / max(t_many - t1, 1e-6)
-    stream = n / max(t1 - call, 1e-6)
+    one = n / max(t1 - call, 1e-6)
     # the pool's rate cannot be measured on samples: reads measure it (:func:`learn`)
-    return Rates(host, gpu, stream, call, measured=True, host_pool=base.host_pool)
+    return Rates(host, gpu, one, call, measured=True, host_pool=base.host_pool)

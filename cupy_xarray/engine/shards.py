@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from ..errors import ChunkError
-from .codecs import crc32c_value
+from .decoders.crc32c import value as crc32c_value
 from .spec import ArraySpec
 
 EMPTY = np.uint64(2**64 - 1)

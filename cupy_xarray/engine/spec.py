@@ -141,7 +141,7 @@ def _native(dtype: np.dtype) -> np.dtype:
 
 def _blosc_name(conf: dict) -> str:
     """``blosc-<cname>`` for Blosc with a compressor nvCOMP decodes, else Unsupported."""
-    from .blosc import CNAMES
+    from .decoders.blosc import CNAMES
 
     cname = str(conf.get("cname", "lz4"))
     if cname not in CNAMES:

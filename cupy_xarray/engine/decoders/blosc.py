@@ -18,16 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from .codecs import DecodeFailure, aligned_slots, decoded_sizes, zstd_frame_lengths
-from .nvcomp_api import DecodeTimeout, status_text
+from .base import DecodeFailure, aligned_slots, decoded_sizes, le32
+from .nvcomp import DecodeTimeout, status_text
+from .zstd import frame_lengths as zstd_frame_lengths
 
 #: Blosc compressor format codes (header flags >> 5) the engine decodes
 FORMATS = {1: "lz4", 4: "zstd"}
 FORMAT_NAMES = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
 #: cnames whose chunks the engine decodes (lz4hc writes LZ4 blocks)
 CNAMES = {"lz4": "lz4", "lz4hc": "lz4", "zstd": "zstd"}
-#: cname -> the kind of stream its blocks hold (:func:`~.codecs.decodes_on_gpu`)
+#: cname (and format name) -> the kind of stream its blocks hold (:mod:`.registry`)
 STREAMS = {"lz4": "lz4-block", "lz4hc": "lz4-block", "zstd": "zstd"}
+#: the stream size Blosc chunks are modelled at by the scheduler (their blocks' streams)
+BLOCK_STREAM_BYTES = 2**16
 
 _SHUFFLE, _MEMCPYED, _BITSHUFFLE, _DONT_SPLIT = 0x1, 0x2, 0x4, 0x10
 _MAX_SPLITS, _MIN_BUFFERSIZE = 16, 128
@@ -275,9 +278,9 @@ def decode_chunks(
             _check_zstd(xp, buffer, lay, idx)
             if lap:
                 lap("blosc zstd check")
-        batched = device.codecs.batched(algo) if device.name == "gpu" else None
+        batched = device.codecs.batched(STREAMS[algo]) if device.name == "gpu" else None
         if batched is not None:
-            owners.append(_decode_gpu_c(device, batched, buffer, lay, idx, ptr, lap))
+            owners.append(_decode_gpu_c(device, batched, algo, buffer, lay, idx, ptr, lap))
             continue
         if device.name == "gpu" and _carve_supported(device):
             owners.append(_decode_gpu(device, algo, buffer, lay, idx, ptr, lap))
@@ -312,7 +315,7 @@ def decode_chunks_on_host(
     Returns the buffers to keep alive and each chunk's decoded bytes on the device."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .codecs import host_copies, host_threads, pinned_buffer, to_device
+    from .batch import host_copies, host_threads, pinned_buffer, to_device
 
     n = len(chunks)
     sizes = np.full(n, expected, dtype=np.int64)
@@ -330,19 +333,13 @@ def decode_chunks_on_host(
     return [scratch], outs
 
 
-def le_u32(raw: np.ndarray) -> np.ndarray:
-    """Little-endian uint32 of each row of four bytes (``raw``: shape (n, 4), on the host)."""
-    raw = raw.astype(np.uint32)
-    return raw[:, 0] | raw[:, 1] << 8 | raw[:, 2] << 16 | raw[:, 3] << 24
-
-
 def decode_one_on_host(src: np.ndarray, expected: int, cname: str, into: np.ndarray) -> np.ndarray:
     """Check one Blosc chunk's layout (:func:`layout`) and decode it with c-blosc into ``into``
     (``expected`` bytes), on the calling thread."""
     src = np.ascontiguousarray(src)
 
     def read_u32(positions: np.ndarray) -> np.ndarray:
-        return le_u32(src[np.minimum(positions[:, None] + np.arange(4)[None, :], max(len(src) - 1, 0))])
+        return le32(src[np.minimum(positions[:, None] + np.arange(4)[None, :], max(len(src) - 1, 0))])
 
     layout(read_u32, np.zeros(1, np.int64), np.array([len(src)], np.int64), expected, cname)
     c_blosc_into(src, into, 0)
@@ -363,8 +360,8 @@ def c_blosc_into(src: np.ndarray, into: np.ndarray, index: int) -> None:
 def _decode_streams(device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray) -> list[Any]:
     """Decode with ``Device.codecs`` (one batched call); check every decoded length."""
     try:
-        stream = "lz4-block" if algo == "lz4" else algo  # Blosc's LZ4 streams carry no size prefix
-        result = device.codecs.decode(stream, srcs, [int(lay.dlen[s]) for s in idx])
+        # Blosc's LZ4 streams carry no size prefix
+        result = device.codecs.decode(STREAMS[algo], srcs, [int(lay.dlen[s]) for s in idx])
     except DecodeFailure as exc:
         raise BloscLayoutError(int(lay.chunk[idx[exc.index]]), f"Blosc {algo} stream: {exc}") from exc
     for s, d in zip(idx, result):
@@ -381,12 +378,21 @@ def _carve_supported(device: Any) -> bool:
 
 
 def _decode_gpu_c(
-    device: Any, batched: Any, buffer: Any, lay: Layout, idx: np.ndarray, ptr: np.ndarray, lap: Any = None
+    device: Any,
+    batched: Any,
+    algo: str,
+    buffer: Any,
+    lay: Layout,
+    idx: np.ndarray,
+    ptr: np.ndarray,
+    lap: Any = None,
 ) -> Any:
-    """Decode all streams of one codec with nvCOMP's C API (:mod:`.nvcomp_api`): pointer
+    """Decode all streams of one codec with nvCOMP's C API (:mod:`.nvcomp`): pointer
     arrays into the staging buffer and 16-byte aligned slots of one output buffer, one call
     on our stream, a status per stream."""
-    xp, algo = device.xp, batched.algo
+    from .registry import stream
+
+    xp = device.xp
     clen, dlen = lay.clen[idx], lay.dlen[idx]
     source, src = _pack(xp, buffer, lay.src[idx], clen, device, batched.input_alignment)
     dst, total = aligned_slots(dlen)
@@ -395,14 +401,11 @@ def _decode_gpu_c(
         lap("blosc pack")
     out_ptrs = np.uint64(target.data.ptr) + dst.astype(np.uint64)
     src_ptrs = np.uint64(source.data.ptr) + src.astype(np.uint64)
-    if algo == "lz4":  # nvCOMP decodes malformed LZ4 blocks to garbage: walk them first
-        from .checksums import lz4_check
-
-        bad = np.flatnonzero(lz4_check(src_ptrs, clen, dlen))
-        if len(bad):
-            raise BloscLayoutError(
-                int(lay.chunk[idx[bad[0]]]), "Blosc lz4 stream is malformed or truncated (corrupt chunk)"
-            )
+    problem = stream(STREAMS[algo]).check_on_gpu(src_ptrs, clen, dlen)
+    if problem is not None:  # nvCOMP decodes malformed LZ4 blocks to garbage: walked first
+        raise BloscLayoutError(
+            int(lay.chunk[idx[problem[0]]]), f"Blosc {algo} stream is malformed or truncated (corrupt chunk)"
+        )
     try:
         sizes, status = batched.decode(src_ptrs, clen.astype(np.uint64), out_ptrs, dlen.astype(np.uint64))
     except DecodeTimeout as exc:
@@ -435,7 +438,7 @@ def _decode_gpu(
     try:
         srcs = nv.as_arrays(source, src.tolist(), clen.tolist())
         outs = nv.as_arrays(target, dst.tolist(), dlen.tolist())
-        result = device.codecs._codec(algo).decode(srcs, out=outs)
+        result = device.codecs._codec(STREAMS[algo]).decode(srcs, out=outs)
         sizes = decoded_sizes(result, len(idx))
         bad = np.flatnonzero(np.asarray(sizes, dtype=np.int64) != dlen)
     except Exception:  # noqa: BLE001 - find the stream and say which chunk it belongs to
@@ -489,266 +492,10 @@ def _unshuffle_cpu(buffer: np.ndarray, chunks: list[np.ndarray], lay: Layout, de
         )
 
 
-_KERNELS: dict[str, Any] = {}
+def _kernel(name: str) -> Any:
+    from .kernels import function
 
-_SOURCE = r"""
-extern "C" __global__ void batched_copy(const unsigned char* src, unsigned char* dst,
-        const long long* soff, const long long* doff, const long long* len) {
-    long long seg = blockIdx.x;
-    const unsigned char* s = src + soff[seg];
-    unsigned char* d = dst + doff[seg];
-    for (long long i = threadIdx.x; i < len[seg]; i += blockDim.x) d[i] = s[i];
-}
-
-/* byte i of a block's shuffled bytes: in its only stream, or in split stream i / neblock */
-__device__ __forceinline__ unsigned char shuffled_at(const unsigned char* const* sp, int ns, int neblock,
-        int i) {
-    return ns == 1 ? sp[0][i] : sp[i / neblock][i % neblock];
-}
-
-/* the 8x8 bit matrix in x (row k = byte k, column m = bit m), transposed */
-__device__ __forceinline__ unsigned long long transpose8(unsigned long long x) {
-    unsigned long long t;
-    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;  x = x ^ t ^ (t << 7);
-    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL; x = x ^ t ^ (t << 14);
-    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL; x = x ^ t ^ (t << 28);
-    return x;
-}
-
-/* bit unshuffle for a typesize known at compile time: one thread builds the TS bytes of 8
-   elements in registers and stores them with wide writes (byte writes at a stride of TS
-   made the old kernel write-bound) */
-template <int TS>
-__device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int neblock, unsigned char* o,
-        int row, int start, int stride) {
-    unsigned long long addr = (unsigned long long)o;
-    int store = (TS % 2 == 0 && addr % 16 == 0) ? 16 : (addr % 8 == 0 ? 8 : 1);
-    for (int r = start; r < row; r += stride) {
-        unsigned int w[2 * TS];
-#pragma unroll
-        for (int i = 0; i < 2 * TS; i++) w[i] = 0;
-#pragma unroll
-        for (int b = 0; b < TS; b++) {
-            unsigned long long x = 0;
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                x |= (unsigned long long)shuffled_at(sp, ns, neblock, (b * 8 + k) * row + r) << (8 * k);
-            x = transpose8(x);
-#pragma unroll
-            for (int m = 0; m < 8; m++) {
-                int i = m * TS + b;
-                w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
-            }
-        }
-        unsigned char* d = o + r * 8 * TS;
-        if (store == 16) {
-#pragma unroll
-            for (int i = 0; i < TS / 2; i++) {
-                uint4 v;
-                v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
-                ((uint4*)d)[i] = v;
-            }
-        } else if (store == 8) {
-#pragma unroll
-            for (int i = 0; i < TS; i++) {
-                uint2 v;
-                v.x = w[2 * i]; v.y = w[2 * i + 1];
-                ((uint2*)d)[i] = v;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
-        }
-    }
-}
-
-/* bit_unshuffle for a block held in one stream whose rows are 4-byte aligned: one thread
-   reads 4 consecutive bytes of each of the 8 * TS bit planes with word loads and builds 4
-   rows (32 elements) */
-template <int TS>
-__device__ void bit_unshuffle4(const unsigned char* s, unsigned char* o, int row, int start, int stride) {
-    unsigned long long addr = (unsigned long long)o;
-    int store = (TS % 2 == 0 && addr % 16 == 0) ? 16 : (addr % 8 == 0 ? 8 : 1);
-    int units = row / 4;
-    for (int u = start; u < units; u += stride) {
-        int r0 = 4 * u;
-        unsigned int in[TS][8];
-#pragma unroll
-        for (int b = 0; b < TS; b++) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) in[b][k] = *(const unsigned int*)(s + (b * 8 + k) * row + r0);
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            unsigned int w[2 * TS];
-#pragma unroll
-            for (int i = 0; i < 2 * TS; i++) w[i] = 0;
-#pragma unroll
-            for (int b = 0; b < TS; b++) {
-                unsigned long long x = 0;
-#pragma unroll
-                for (int k = 0; k < 8; k++)
-                    x |= (unsigned long long)((in[b][k] >> (8 * j)) & 0xFF) << (8 * k);
-                x = transpose8(x);
-#pragma unroll
-                for (int m = 0; m < 8; m++) {
-                    int i = m * TS + b;
-                    w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
-                }
-            }
-            unsigned char* d = o + (r0 + j) * 8 * TS;
-            if (store == 16) {
-#pragma unroll
-                for (int i = 0; i < TS / 2; i++) {
-                    uint4 v;
-                    v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
-                    ((uint4*)d)[i] = v;
-                }
-            } else if (store == 8) {
-#pragma unroll
-                for (int i = 0; i < TS; i++) {
-                    uint2 v;
-                    v.x = w[2 * i]; v.y = w[2 * i + 1];
-                    ((uint2*)d)[i] = v;
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
-            }
-        }
-    }
-}
-
-/* byte unshuffle for a typesize known at compile time: one thread reads 4 bytes of each byte
-   plane and writes the TS bytes of 4 elements with word stores (single-byte stores at a
-   stride of TS made the byte path write-bound). Plane b is split stream b, or the b-th run of
-   n bytes of the block's one stream. Elements past the last multiple of 4: the caller. */
-template <int TS>
-__device__ void byte_unshuffle(const unsigned char* const* sp, bool planes, int n, unsigned char* o,
-        int start, int stride) {
-    const unsigned char* p[TS];
-    bool aligned_in = true;
-#pragma unroll
-    for (int b = 0; b < TS; b++) {
-        p[b] = planes ? sp[b] : sp[0] + b * n;
-        aligned_in = aligned_in && ((unsigned long long)p[b] % 4 == 0);
-    }
-    unsigned long long addr = (unsigned long long)o;
-    int store = (TS >= 4 && addr % 16 == 0) ? 16 : (addr % 4 == 0 ? 4 : 1);
-    int units = n / 4;
-    for (int u = start; u < units; u += stride) {
-        int e = u * 4;
-        unsigned int x[TS];
-#pragma unroll
-        for (int b = 0; b < TS; b++) {
-            const unsigned char* q = p[b] + e;
-            x[b] = aligned_in ? *(const unsigned int*)q
-                              : (unsigned int)q[0] | (unsigned int)q[1] << 8 | (unsigned int)q[2] << 16
-                                    | (unsigned int)q[3] << 24;
-        }
-        unsigned int w[TS];
-#pragma unroll
-        for (int i = 0; i < TS; i++) {
-            unsigned int v = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int pos = 4 * i + j;  /* output byte pos of the 4 elements: element pos / TS, byte pos % TS */
-                v |= ((x[pos % TS] >> (8 * (pos / TS))) & 0xFF) << (8 * j);
-            }
-            w[i] = v;
-        }
-        unsigned char* d = o + e * TS;
-        if (store == 16) {
-#pragma unroll
-            for (int i = 0; i < TS / 4; i++) {
-                uint4 v;
-                v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
-                ((uint4*)d)[i] = v;
-            }
-        } else if (store == 4) {
-#pragma unroll
-            for (int i = 0; i < TS; i++) ((unsigned int*)d)[i] = w[i];
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
-        }
-    }
-}
-
-/* 32-bit indices (a Blosc block is < 2 GiB): 64-bit division is emulated and was the cost */
-extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
-        const int* bsize, const int* bts, const int* bmode, const int* bns, const long long* bs0,
-        const unsigned long long* sptr) {
-    int blk = blockIdx.y;
-    int size = bsize[blk], ts = bts[blk], mode = bmode[blk], ns = bns[blk];
-    const unsigned char* const* sp = (const unsigned char* const*)(sptr + bs0[blk]);
-    int neblock = size / ns;
-    unsigned char* o = (unsigned char*)bdst[blk];
-    int n = size / ts;
-    int n8 = n - n % 8;
-    int start = blockIdx.x * blockDim.x + threadIdx.x;
-    int stride = gridDim.x * blockDim.x;
-    int done = 0;  /* bytes [0, done) are written by a shuffle path, the rest copied as stored */
-    if ((mode == 2 || (mode == 3 && n % 8 == 0)) && n8 > 0) {
-        int row = n8 / 8;
-        bool words = ns == 1 && row % 4 == 0 && (unsigned long long)sp[0] % 4 == 0;
-#define BIT_CASE(T) case T: \
-            if (words) bit_unshuffle4<T>(sp[0], o, row, start, stride); \
-            else bit_unshuffle<T>(sp, ns, neblock, o, row, start, stride); \
-            break;
-        switch (ts) {
-        BIT_CASE(1)
-        BIT_CASE(2)
-        BIT_CASE(4)
-        BIT_CASE(8)
-        default: {
-            /* one unit = byte b of elements 8r..8r+7: eight bit-plane bytes in, eight bytes out */
-            int units = row * ts;
-            for (int u = start; u < units; u += stride) {
-                int b = u / row, r = u - b * row;
-                unsigned char x[8];
-                for (int k = 0; k < 8; k++) x[k] = shuffled_at(sp, ns, neblock, (b * 8 + k) * row + r);
-                for (int m = 0; m < 8; m++) {
-                    unsigned char v = 0;
-                    for (int k = 0; k < 8; k++) v |= ((x[k] >> m) & 1) << k;
-                    o[(r * 8 + m) * ts + b] = v;
-                }
-            }
-        }
-        }
-        done = n8 * ts;
-    } else if (mode == 1 && ts > 1) {
-        /* byte b of an element comes from plane b (split stream b, or the b-th run of n bytes
-           of the one stream) */
-        bool planes = ns == ts && neblock == n;
-        int first = 0;  /* elements [0, first) written by a word-wide path */
-        if (planes || ns == 1) {
-            switch (ts) {
-            case 2: byte_unshuffle<2>(sp, planes, n, o, start, stride); first = n - n % 4; break;
-            case 4: byte_unshuffle<4>(sp, planes, n, o, start, stride); first = n - n % 4; break;
-            case 8: byte_unshuffle<8>(sp, planes, n, o, start, stride); first = n - n % 4; break;
-            default: break;
-            }
-        }
-        for (int e = first + start; e < n; e += stride) {
-            unsigned char* d = o + e * ts;
-            for (int b = 0; b < ts; b++) d[b] = planes ? sp[b][e] : shuffled_at(sp, ns, neblock, b * n + e);
-        }
-        done = n * ts;
-    }
-    for (int p = done + start; p < size; p += stride) o[p] = shuffled_at(sp, ns, neblock, p);
-}
-"""
-
-
-def _kernel(name: str):
-    if name not in _KERNELS:
-        import cupy
-
-        module = cupy.RawModule(code=_SOURCE)
-        _KERNELS["batched_copy"] = module.get_function("batched_copy")
-        _KERNELS["blosc_unshuffle"] = module.get_function("blosc_unshuffle")
-    return _KERNELS[name]
+    return function("blosc", name)
 
 
 def _batched_copy(xp: Any, src: Any, dst: Any, soff: np.ndarray, doff: np.ndarray, lens: np.ndarray) -> None:

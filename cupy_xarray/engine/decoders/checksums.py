@@ -19,7 +19,6 @@ kernel's twin on the host).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import numpy as np
@@ -141,19 +140,10 @@ def lz4_walk_host(block: bytes, expected: int) -> int:
             return pos + 1
 
 
-_kernels: dict[str, Any] = {}
-
-
 def _kernel(name: str) -> Any:
-    if not _kernels:
-        import cupy
+    from .kernels import function
 
-        path = os.path.join(os.path.dirname(__file__), "kernels", "checksums.cu")
-        with open(path) as f:
-            module = cupy.RawModule(code=f.read())
-        for k in ("xxh64_streams", "crc32_segments", "adler32_segments", "stream_ends", "lz4_walk"):
-            _kernels[k] = module.get_function(k)
-    return _kernels[name]
+    return function("checksums", name)
 
 
 def _segments(cp: Any, lens: np.ndarray) -> tuple[Any, int]:
@@ -226,39 +216,29 @@ def lz4_check(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> np.ndarra
     return status.get()
 
 
-def stored(algo: str, ends: np.ndarray) -> tuple[str | None, np.ndarray, np.ndarray]:
-    """What the framing of ``algo`` streams stores: (checksum kind, which streams carry one,
-    the stored values), from :func:`stream_ends` of the framed streams."""
-    tail = ends[:, 8:].astype(np.uint64)
-    le32 = tail[:, 4] | tail[:, 5] << 8 | tail[:, 6] << 16 | tail[:, 7] << 24
-    every = np.ones(len(ends), dtype=bool)
-    if algo == "zstd":
-        return "xxh64", (ends[:, 4] & 0x04) != 0, le32  # Content_Checksum_flag of the descriptor
-    if algo == "gzip":
-        return "crc32", every, tail[:, 0] | tail[:, 1] << 8 | tail[:, 2] << 16 | tail[:, 3] << 24
-    if algo == "zlib":
-        return "adler32", every, tail[:, 4] << 24 | tail[:, 5] << 16 | tail[:, 6] << 8 | tail[:, 7]
-    return None, np.zeros(len(ends), dtype=bool), le32
+#: checksum kinds (:attr:`~.base.StreamDecoder.checksum`), as messages name them
+CHECKSUM_NAMES = {"xxh64": "content checksum (XXH64)", "crc32": "CRC-32", "adler32": "Adler-32"}
 
 
-def verify(algo: str, framed: list[Any], decoded: list[Any]) -> int | None:
+def verify(decoder: Any, framed: list[Any], decoded: list[Any]) -> int | None:
     """Index of the first stream whose decoded bytes do not match the checksum its framing
-    stores, or None (also for codecs that store none). ``framed``: the stored streams;
-    ``decoded``: what they decoded to (cupy uint8 views)."""
+    stores (``decoder.stored_checksums``), or None (also for kinds that store none).
+    ``framed``: the stored streams; ``decoded``: what they decoded to (cupy uint8 views)."""
     import cupy
 
-    if algo not in ("zstd", "gzip", "zlib") or not framed:
+    kind = decoder.checksum
+    if kind is None or not framed:
         return None
     f_ptrs = cupy.asarray(np.array([f.data.ptr for f in framed], dtype=np.uint64))
     f_lens = cupy.asarray(np.array([f.size for f in framed], dtype=np.int64))
-    kind, has, values = stored(algo, stream_ends(f_ptrs, f_lens, len(framed)))
+    has, values = decoder.stored_checksums(stream_ends(f_ptrs, f_lens, len(framed)))
     which = np.flatnonzero(has)
-    if kind is None or not len(which):
+    if not len(which):
         return None
     ptrs = np.array([decoded[i].data.ptr for i in which], dtype=np.uint64)
     lens = np.array([decoded[i].size for i in which], dtype=np.int64)
     got = compute(kind, ptrs, lens)
     if kind == "xxh64":
         got = got & np.uint64(0xFFFFFFFF)
-    bad = np.flatnonzero(got != values[which])
+    bad = np.flatnonzero(got != values[which].astype(np.uint64))
     return int(which[bad[0]]) if len(bad) else None

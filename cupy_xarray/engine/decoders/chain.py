@@ -1,16 +1,13 @@
-"""A chunk recipe's byte codecs, run over its stored bytes: the one place the engine's routes
-meet each codec's framing, checks and decoders.
+"""A chunk's chain of byte codecs run over its stored bytes, for both of the engine's routes.
 
 - :func:`decode_group` runs a chain over a group of staged chunks of the reader's batches:
-  ``crc32c`` stripped and checked, zstd / gzip / zlib / LZ4 streams checked on the host
-  (:func:`~.codecs.check_frame`, the zstd frame walk) and decoded in one call of
-  ``Device.codecs`` (nvCOMP on the GPU), Blosc chunks laid out and decoded by :mod:`.blosc`;
-- :func:`decode_on_host` runs it over one chunk on a CPU thread (the host route);
-- :func:`stream_lead` says how many bytes of framing precede the bare stream, so that
-  staging can align the stream nvCOMP reads.
+  ``crc32c`` stripped and checked, each stream's framing checked on the host
+  (:meth:`~.base.StreamDecoder.check`, and for kinds that say where they end,
+  :meth:`~.base.StreamDecoder.walk`) and decoded in one call of ``Device.codecs``
+  (:mod:`.batch`), Blosc chunks laid out and decoded by :mod:`.blosc`;
+- :func:`decode_on_host` runs it over one chunk on a CPU thread (the host route).
 
-The codecs themselves live in :mod:`.codecs` (streams on both processors), :mod:`.blosc` and
-:mod:`.checksums` (checks on the GPU).
+Neither names a stream kind: what each kind needs lives in its decoder (:mod:`.registry`).
 """
 
 from __future__ import annotations
@@ -19,27 +16,38 @@ from typing import Any
 
 import numpy as np
 
-from . import blosc
-from .codecs import (
-    DecodeFailure,
-    _cpu_decode_one,
-    crc32c_strip,
-    decodes_on_gpu,
-    frame_problem,
-    stream_problem,
-    zstd_frame_length,
-    zstd_frame_lengths,
-    zstd_length_problem,
-)
-from .nvcomp_api import DecodeTimeout
-
-#: bytes of framing in front of the bare stream nvCOMP decodes
-_LEAD = {"zlib": 2, "lz4": 4}
+from . import blosc, crc32c
+from .base import DecodeFailure
+from .nvcomp import DecodeTimeout
+from .registry import decodes_on_gpu, stream
 
 
-def stream_lead(codecs: tuple[str, ...]) -> int:
-    """Bytes of framing before the bare stream of a chain's compressor (0 for most)."""
-    return _LEAD.get(next((c for c in codecs if c != "crc32c"), ""), 0)
+def frame_problem(name: str, head: bytes, tail: bytes, length: int, expected: int) -> str | None:
+    """The error for a stored stream of ``length`` bytes whose first 32 and last 4 bytes are
+    ``head`` and ``tail``, or None."""
+    if length < 4:
+        return f"{length} bytes is too short for a {name} stream (corrupt chunk)"
+    problem = stream(name).check(head, tail, expected)
+    return f"{problem} (corrupt chunk)" if problem else None
+
+
+def length_problem(name: str, walked: int, length: int) -> str | None:
+    """The error for a stream whose own structure ends at ``walked`` (-1: malformed) in a
+    stored stream of ``length`` bytes, or None."""
+    if walked == length:
+        return None
+    what = "runs past the end of" if walked < 0 else f"is {walked} bytes, not the {length} of"
+    return f"{name} {stream(name).unit} {what} the stored stream (truncated or corrupt chunk)"
+
+
+def stream_problem(name: str, data: np.ndarray, expected: int) -> str | None:
+    """The error for one stored stream held on the host (its framing, and where its kind
+    says where it ends, its length), or None."""
+    problem = frame_problem(name, bytes(data[:32]), bytes(data[-4:]), len(data), expected)
+    if problem:
+        return problem
+    walked = stream(name).walk(np, data, np.zeros(1, np.int64), np.array([len(data)], np.int64))
+    return None if walked is None else length_problem(name, int(walked[0]), len(data))
 
 
 def writes_into_output(codecs: tuple[str, ...]) -> bool:
@@ -72,7 +80,7 @@ def decode_group(tasks: list[Any], device: Any, clock: Any, decode: str) -> None
         if name == "crc32c":
             for t in tasks:
                 try:
-                    t.data = crc32c_strip(xp, t.data)
+                    t.data = crc32c.strip(xp, t.data)
                 except ValueError as exc:
                     raise t.error(str(exc)) from exc
             continue
@@ -114,7 +122,7 @@ def _decode_blosc(
     lengths = np.array([len(t.data) for t in tasks], dtype=np.int64)
 
     def read_u32(positions: np.ndarray) -> np.ndarray:
-        return blosc.le_u32(device.to_host(buffer[xp.asarray(positions[:, None] + np.arange(4)[None, :])]))
+        return blosc.le32(device.to_host(buffer[xp.asarray(positions[:, None] + np.arange(4)[None, :])]))
 
     try:
         lay = blosc.layout(read_u32, starts, lengths, expected, cname)
@@ -154,13 +162,15 @@ def _check_frames(tasks: list[Any], name: str, expected: int, device: Any) -> No
         problem = frame_problem(name, head, tail, len(t.data), expected)
         if problem:
             raise t.error(problem)
-    if name == "zstd":
-        if not shared:
-            lengths = [zstd_frame_length(host(t.data)) for t in tasks]
-        else:
-            lengths = zstd_frame_lengths(xp, staging, offs, lens)
+    if not shared:
+        offs = np.zeros(1, np.int64)
+        walked = [stream(name).walk(np, host(t.data), offs, np.array([len(t.data)], np.int64)) for t in tasks]
+        lengths = None if walked[0] is None else [int(w[0]) for w in walked]
+    else:
+        lengths = stream(name).walk(xp, staging, offs, lens)
+    if lengths is not None:
         for t, n in zip(tasks, lengths):
-            problem = zstd_length_problem(int(n), len(t.data))
+            problem = length_problem(name, int(n), len(t.data))
             if problem:
                 raise t.error(problem)
 
@@ -172,7 +182,7 @@ def decode_on_host(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.
     for name, expected, last, _proven in _steps(recipe.bytes_codecs, recipe.nbytes):
         if name == "crc32c":
             try:
-                data = crc32c_strip(np, data)
+                data = crc32c.strip(np, data)
             except ValueError as exc:
                 raise task.error(str(exc)) from exc
             continue
@@ -187,7 +197,7 @@ def decode_on_host(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.
         if problem:
             raise task.error(problem)
         try:
-            out = _cpu_decode_one(name, data, expected, into)
+            out = stream(name).decode_host(data, expected, into)
         except Exception as exc:  # noqa: BLE001 - re-raised naming the chunk
             raise task.error(f"{name} decode failed: {exc} (corrupt chunk)") from exc
         if len(out) != expected:

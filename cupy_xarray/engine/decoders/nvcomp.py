@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-#: bare stream kind -> nvCOMP C API algorithm prefix ("zlib": the deflate body of a zlib
-#: stream, "lz4": an LZ4 block). Zstd's scratch memory is sized by reading the streams
+#: nvCOMP C API algorithm prefixes (each decoder's ``nvcomp``; ``Deflate``: the body of a zlib
+#: stream, ``LZ4``: an LZ4 block). Zstd's scratch memory is sized by reading the streams
 #: (``GetTempSizeSync``; the bound without them is 3x the output), which also refuses
 #: malformed frames before the decode is launched.
-ALGORITHMS = {"lz4": "LZ4", "zstd": "Zstd", "gzip": "Gzip", "zlib": "Deflate"}
+ALGORITHMS = ("LZ4", "Zstd", "Gzip", "Deflate")
 #: nvcompStatus_t values, for messages
 STATUS_NAMES = {
     10: "invalid value", 11: "not supported", 12: "cannot decompress", 13: "bad checksum",
@@ -154,8 +154,7 @@ class BatchedDecoder:
     """Batched decompression of one algorithm through nvCOMP's C API."""
 
     def __init__(self, lib: Any, algo: str) -> None:
-        name = ALGORITHMS[algo]
-        self.algo = algo
+        name = self.algo = algo
         p, n = ctypes.c_void_p, ctypes.c_size_t
         self._temp_size = _function(
             lib, f"nvcompBatched{name}DecompressGetTempSize", [n, n, _Opts, ctypes.POINTER(n), n, p]
@@ -252,8 +251,8 @@ _stuck: list[Any] = []
 
 
 def batched_decoder(algo: str) -> BatchedDecoder | None:
-    """The C API decoder for ``algo``, or None where nvCOMP's C library is not usable or
-    not wanted (:func:`enabled`)."""
+    """The C API decoder for nvCOMP algorithm ``algo`` (:data:`ALGORITHMS`), or None where
+    nvCOMP's C library is not usable or not wanted (:func:`enabled`)."""
     if algo not in ALGORITHMS or not enabled():
         return None
     lib = library()

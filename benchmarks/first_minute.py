@@ -1,0 +1,108 @@
+"""What a fresh process spends before its first result: import, first read, first reduction.
+
+Each measurement runs in a new Python process, first with empty kernel caches (``cold``: cupy's
+``CUPY_CACHE_DIR`` and the engine's decode-rate cache in a new folder) and then again with the
+caches that run left behind (``warm``), which is what a user sees from the second session on.
+
+Usage (GPU machine)::
+
+    python benchmarks/first_minute.py [--runs 3] [--profile] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, os, sys, time
+t = {}
+t0 = time.perf_counter()
+import xarray as xr
+t["import xarray"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+import cupy_xarray
+from cupy_xarray.sample import sample_path
+t["import cupy_xarray"] = time.perf_counter() - t0
+device = sys.argv[1]
+profile = sys.argv[2] == "1"
+if profile:
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
+t0 = time.perf_counter()
+ds = xr.open_dataset(sample_path(), engine="kvikio", device=device)
+t["open_dataset"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+air = ds.air.load()
+t["first load"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+anomaly = air - air.mean("time")
+float(anomaly.std().data)
+t["first reduction"] = time.perf_counter() - t0
+if profile:
+    prof.disable()
+    import io, pstats
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(35)
+    sys.stderr.write(s.getvalue())
+t0 = time.perf_counter()
+air = xr.open_dataset(sample_path(), engine="kvikio", device=device).air.load()
+t["second open + load"] = time.perf_counter() - t0
+t0 = time.perf_counter()
+anomaly = air - air.mean("time")
+float(anomaly.std().data)
+t["second reduction"] = time.perf_counter() - t0
+print(json.dumps(t))
+"""
+
+
+def run_child(device: str, cache: str, profile: bool) -> dict[str, float]:
+    env = dict(os.environ)
+    env["CUPY_CACHE_DIR"] = os.path.join(cache, "cupy")
+    env["CUPY_XARRAY_CACHE"] = os.path.join(cache, "cupy-xarray")
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, device, "1" if profile else "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"child failed:\n{out.stderr}")
+    if profile:
+        print(out.stderr[-6000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="gpu")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="cProfile the first read of a cold run")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+
+    rows: dict[str, list[dict[str, float]]] = {"cold": [], "warm": []}
+    for i in range(args.runs):
+        with tempfile.TemporaryDirectory() as cache:
+            rows["cold"].append(run_child(args.device, cache, args.profile and i == 0))
+            rows["warm"].append(run_child(args.device, cache, args.profile and i == 0))
+    phases = list(rows["cold"][0])
+    print(f"fresh process on {args.device}: median of {args.runs} runs, seconds")
+    print("| phase | cold caches | warm caches |\n| --- | ---: | ---: |")
+    for p in phases:
+        cold = sorted(r[p] for r in rows["cold"])[args.runs // 2]
+        warm = sorted(r[p] for r in rows["warm"])[args.runs // 2]
+        print(f"| {p} | {cold:.3f} | {warm:.3f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

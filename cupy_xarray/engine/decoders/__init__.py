@@ -1,0 +1,53 @@
+"""Decoders: compressed chunks to bytes, one module per codec family.
+
+Each family's module is the one place that knows its format, on both processors::
+
+    zstd.py       zstd frames: header and block walk (host and kernels/zstd.cu), libzstd
+    deflate.py    gzip members and zlib streams: framing, zlib
+    lz4.py        numcodecs' LZ4 and Blosc's bare LZ4 blocks: liblz4, the GPU block walk
+    blosc.py      Blosc chunks: layout check, their streams (kinds above), unshuffle
+                  (kernels/blosc.cu), c-blosc
+    crc32c.py     zarr's crc32c codec
+
+and what they share::
+
+    base.py       StreamDecoder (checks, both decodes, cost) and Rates
+    registry.py   codec names -> decoders; decode="auto" | "gpu" | "cpu"
+    batch.py      a batch of one kind decoded in one call: CPU threads | nvCOMP
+    nvcomp.py     nvCOMP's batched C API (ctypes)
+    checksums.py  the checksums nvCOMP leaves out, on the GPU (kernels/checksums.cu)
+    chain.py      a chunk's chain of codecs over its stored bytes, for both routes
+"""
+
+from .base import DecodeFailure, Rates, StreamDecoder
+from .chain import decode_group, decode_on_host, decodes_through_scratch, writes_into_output
+from .registry import (
+    DECODE_CHOICES,
+    compressor,
+    decode_choice,
+    decodes_on_gpu,
+    proven,
+    stream,
+    stream_bytes,
+    stream_kind,
+    stream_lead,
+)
+
+__all__ = [
+    "DECODE_CHOICES",
+    "DecodeFailure",
+    "Rates",
+    "StreamDecoder",
+    "compressor",
+    "decode_choice",
+    "decode_group",
+    "decode_on_host",
+    "decodes_on_gpu",
+    "decodes_through_scratch",
+    "proven",
+    "stream",
+    "stream_bytes",
+    "stream_kind",
+    "stream_lead",
+    "writes_into_output",
+]

@@ -1,0 +1,332 @@
+"""A batch of streams of one kind, decoded on either processor in one call.
+
+:class:`CPUCodecs` decodes on CPU threads (each kind's :meth:`~.base.StreamDecoder.decode_host`:
+zlib, libzstd, liblz4); :class:`GPUCodecs` in one call of nvCOMP's batched C API
+(:mod:`.nvcomp`) on the bare streams (``bitstream_kind=RAW``, :meth:`~.base.StreamDecoder.deframe`),
+each stream's status and size checked, then the checksums the framing stores verified on the
+GPU (:mod:`.checksums`). Streams come with their framing and are decoded into at most the
+chunk's size. ``Device.codecs`` is one of the two.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .base import Decoded, DecodeFailure, FramingError, aligned_slots, decoded_sizes
+from .registry import decodes_on_gpu, stream
+
+log = logging.getLogger("cupy_xarray")
+
+
+def _size_failure(algo: str, i: int, got: int, expected: int) -> DecodeFailure:
+    return DecodeFailure(i, f"{algo} stream decoded to {got} bytes, expected {expected}")
+
+
+def host_threads() -> int:
+    """CPU threads that decode for a GPU read (``CUPY_XARRAY_DECODE_THREADS``; default: cores)."""
+    return max(1, int(os.environ.get("CUPY_XARRAY_DECODE_THREADS", 0)) or min(32, os.cpu_count() or 4))
+
+
+def host_copies(srcs: list[Any]) -> list[np.ndarray]:
+    """Host copies of device streams, in one copy where they are views of one buffer."""
+    base = srcs[0].base if srcs else None
+    if base is None or not base.flags.c_contiguous or any(s.base is not base for s in srcs):
+        return [s.get() for s in srcs]
+    flat = base.reshape(-1).view(np.uint8)
+    offs = [s.data.ptr - flat.data.ptr for s in srcs]
+    lo, hi = min(offs), max(o + s.size for o, s in zip(offs, srcs))
+    host = flat[lo:hi].get()
+    return [host[o - lo : o - lo + s.size] for o, s in zip(offs, srcs)]
+
+
+def pinned_buffer(nbytes: int) -> np.ndarray:
+    """Page-locked host memory (cupy's pinned pool): copies from it to the GPU run at full speed."""
+    import cupyx
+
+    return cupyx.empty_pinned((max(nbytes, 1),), dtype=np.uint8)
+
+
+def to_device(pinned: np.ndarray, slots: np.ndarray, sizes: np.ndarray, outs: list[Any]) -> None:
+    """Copy ``sizes[i]`` bytes at ``slots[i]`` of a pinned buffer into device buffer ``outs[i]``;
+    returns once the copies are done (the pinned buffer may then be reused)."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    rt = cupy.cuda.runtime
+    base = pinned.ctypes.data
+    for o, p, n in zip(outs, slots.tolist(), sizes.tolist()):
+        rt.memcpyAsync(o.data.ptr, base + p, n, rt.memcpyHostToDevice, stream.ptr)
+    stream.synchronize()
+
+
+class CPUCodecs:
+    """Decode on CPU threads, each stream with its kind's
+    :meth:`~.base.StreamDecoder.decode_host` (zlib, libzstd, liblz4), which verifies the
+    checksums the stream carries.
+    """
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.threads = 4
+
+    @classmethod
+    def with_threads(cls, threads: int) -> CPUCodecs:
+        codecs = cls()
+        codecs.threads = threads
+        return codecs
+
+    def decode(
+        self,
+        algo: str,
+        srcs: list[np.ndarray],
+        expected: list[int],
+        into: list[Any] | None = None,
+        decode: str = "auto",
+        proven: bool = False,
+    ) -> Decoded:
+        """Decode every stream; ``into`` optionally gives, per stream, the buffer of exactly
+        ``expected[i]`` bytes to decode into (``None``: a new buffer). Raises DecodeFailure
+        naming the first stream that does not decode to exactly its expected size.
+        (``decode`` and ``proven``: see :func:`~.registry.decodes_on_gpu`; on the CPU all is
+        decoded here.)"""
+
+        decoder = stream(algo)
+
+        def one(i: int) -> np.ndarray:
+            target = None if into is None else into[i]
+            try:
+                out = decoder.decode_host(srcs[i], expected[i], target)
+            except Exception as exc:  # noqa: BLE001 - re-raised with the index
+                raise DecodeFailure(i, f"{algo} decode failed: {exc}") from exc
+            if len(out) != expected[i]:
+                raise _size_failure(algo, i, len(out), expected[i])
+            return out
+
+        if len(srcs) == 1:
+            return Decoded([one(0)])
+        with ThreadPoolExecutor(max_workers=self.threads) as pool:
+            return Decoded(pool.map(one, range(len(srcs))))
+
+
+def _nv_arrays(nv: Any, arrs: list[Any]) -> Any:
+    """nvCOMP arrays for many 1-D uint8 cupy views, carved from their common buffer in one call
+    when they share one (converting view by view costs microseconds each)."""
+    base = arrs[0].base if arrs else None
+    if base is None or not base.flags.c_contiguous or any(a.base is not base for a in arrs):
+        return nv.as_arrays(arrs)
+    flat = base.reshape(-1).view(np.uint8)
+    start = flat.data.ptr
+    return nv.as_arrays(flat, [a.data.ptr - start for a in arrs], [a.size for a in arrs])
+
+
+class GPUCodecs:
+    """Decode on the GPU: one batched nvCOMP call per codec (``bitstream_kind=RAW``).
+
+    Streams come with their framing, as for :class:`CPUCodecs`. nvCOMP's C API decodes the
+    bare streams into buffers of the expected size and reports a status and size per
+    stream; the checksums the framing stores are then verified on the GPU
+    (:mod:`.checksums`).
+    """
+
+    name = "nvcomp"
+
+    def __init__(self) -> None:
+        self._local = threading.local()  # nvCOMP codecs must not be shared across threads
+        try:
+            from nvidia import nvcomp
+        except ImportError:
+            nvcomp = None
+            log.warning(
+                "nvidia-nvcomp is not installed: compressed chunks are decoded on the CPU "
+                "(install cupy-xarray[cuda13] or [cuda12] for GPU decoding)"
+            )
+        self._nvcomp = nvcomp
+
+    @property
+    def available(self) -> bool:
+        return self._nvcomp is not None
+
+    def batched(self, algo: str):
+        """nvCOMP's C API decoder for the bare streams of ``algo`` (:mod:`.nvcomp`), or
+        None where only the Python API can be used (``CUPY_XARRAY_NVCOMP_C=0`` forces that)."""
+        if self._nvcomp is None:
+            return None
+        from .nvcomp import batched_decoder
+
+        return batched_decoder(stream(algo).nvcomp)
+
+    def _codec(self, algo: str):
+        """This thread's codec for ``algo``. nvCOMP runs it on a stream of its own: handing
+        it our stream (``cuda_stream=``) crashed the process under concurrent reads."""
+        cache = self._local.__dict__.setdefault("codecs", {})
+        if algo not in cache:
+            nv = self._nvcomp
+            cache[algo] = nv.Codec(algorithm=stream(algo).nvcomp, bitstream_kind=nv.BitstreamKind.RAW)
+        return cache[algo]
+
+    def _decode(self, algo: str, srcs: list[Any]) -> Decoded:
+        import cupy
+
+        out = self._codec(algo).decode(_nv_arrays(self._nvcomp, srcs))
+        result = Decoded(cupy.asarray(a).view(cupy.uint8).reshape(-1) for a in out)
+        result.owner = out
+        return result
+
+    def _outputs(self, expected: list[int], into: list[Any] | None, align: int) -> tuple[list[Any], Any]:
+        """``into`` where given, else ``align``-byte aligned slots of one new buffer."""
+        import cupy
+
+        outs = list(into) if into is not None else [None] * len(expected)
+        missing = [i for i, o in enumerate(outs) if o is None]
+        scratch = None
+        if missing:
+            sizes = np.array([expected[i] for i in missing], dtype=np.int64)
+            slots, total = aligned_slots(sizes, max(align, 16))
+            scratch = cupy.empty(total, dtype=cupy.uint8)
+            for i, p, n in zip(missing, slots.tolist(), sizes.tolist()):
+                outs[i] = scratch[p : p + n]
+        return outs, scratch
+
+    def _decode_on_host(self, algo: str, srcs: list[Any], expected: list[int], into) -> Decoded:
+        """CPU threads decode (and check) the streams into pinned memory; one copy each to the
+        device."""
+
+        sizes = np.asarray(expected, dtype=np.int64)
+        slots, total = aligned_slots(sizes)
+        pinned = pinned_buffer(total)
+        views = [pinned[p : p + n] for p, n in zip(slots.tolist(), sizes.tolist())]
+        CPUCodecs.with_threads(host_threads()).decode(algo, host_copies(srcs), expected, views)
+        outs, scratch = self._outputs(expected, into, 16)
+        to_device(pinned, slots, sizes, outs)
+        decoded = Decoded(outs)
+        decoded.owner = scratch
+        return decoded
+
+    def _decode_c(self, batched: Any, algo: str, raw: list[Any], expected: list[int], into) -> Decoded:
+        """One call of nvCOMP's C API; every stream's status and size checked (LZ4 blocks'
+        structure before the call)."""
+        import cupy
+
+        from .nvcomp import status_text
+
+        align = max(batched.input_alignment, 1)
+        keep = []
+        ptrs = np.array([r.data.ptr for r in raw], dtype=np.uint64)
+        lens = np.array([r.size for r in raw], dtype=np.uint64)
+        off = np.flatnonzero(ptrs % np.uint64(align))
+        if len(off):  # copy streams that do not start where nvCOMP needs them
+            slots, total = aligned_slots(lens[off].astype(np.int64), max(align, 16))
+            packed = cupy.empty(total, dtype=cupy.uint8)
+            for i, p in zip(off.tolist(), slots.tolist()):
+                packed[p : p + raw[i].size] = raw[i]
+                ptrs[i] = packed.data.ptr + p
+            keep.append(packed)
+        want = np.asarray(expected, dtype=np.uint64)
+        problem = stream(algo).check_on_gpu(ptrs, lens, want.astype(np.int64))
+        if problem is not None:
+            raise DecodeFailure(*problem)
+        outs, scratch = self._outputs(expected, into, batched.output_alignment)
+        dst = np.array([o.data.ptr for o in outs], dtype=np.uint64)
+        sizes, status = batched.decode(ptrs, lens, dst, want)
+        bad = np.flatnonzero((status != 0) | (sizes != want.astype(np.int64)))
+        if len(bad):
+            k = int(bad[0])
+            if status[k]:
+                raise DecodeFailure(k, f"{algo} stream does not decode: {status_text(status[k])}")
+            raise _size_failure(algo, k, int(sizes[k]), expected[k])
+        decoded = Decoded(outs)
+        decoded.owner = (scratch, keep)
+        return decoded
+
+    def _decode_into(self, algo: str, srcs: list[Any], expected: list[int], into: list[Any]) -> Decoded:
+        """Python API: decode straight into the given buffers (no copy afterwards); the
+        streams without one get 16-byte aligned slots of one new buffer."""
+        import cupy
+
+        nv = self._nvcomp
+        outs, scratch = self._outputs(expected, into, 16)
+        current = cupy.cuda.get_current_stream()
+        current.synchronize()  # nvCOMP runs on its own stream: the outputs must be ready for it
+        result = self._codec(algo).decode(_nv_arrays(nv, srcs), out=_nv_arrays(nv, outs))
+        got = decoded_sizes(result, len(outs))
+        done = cupy.cuda.Event()
+        done.record(cupy.cuda.Stream.null)
+        current.wait_event(done)  # later work on our stream sees the decoded bytes
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if g != e:
+                raise _size_failure(algo, i, g, e)
+        decoded = Decoded(outs)
+        decoded.owner = (scratch, result)
+        return decoded
+
+    def _decode_python(self, algo: str, raw: list[Any], expected: list[int], into) -> Decoded:
+        """nvCOMP's Python API (nvCOMP before 5, or ``CUPY_XARRAY_NVCOMP_C=0``)."""
+        try:
+            if into is not None and any(o is not None for o in into):
+                return self._decode_into(algo, raw, expected, into)
+            result = self._decode(algo, raw)
+        except DecodeFailure:
+            raise
+        except Exception as batch_exc:  # noqa: BLE001 - find which stream failed
+            for i, s in enumerate(raw):
+                try:
+                    (one,) = self._decode(algo, [s])
+                except Exception as exc:  # noqa: BLE001
+                    raise DecodeFailure(i, f"nvCOMP {algo} decode failed: {exc}") from exc
+                if len(one) != expected[i]:
+                    raise _size_failure(algo, i, len(one), expected[i]) from batch_exc
+            raise DecodeFailure(0, f"nvCOMP {algo} batch decode failed: {batch_exc}") from batch_exc
+        for i, d in enumerate(result):
+            if len(d) != expected[i]:
+                raise _size_failure(algo, i, len(d), expected[i])
+        return result
+
+    def decode(
+        self,
+        algo: str,
+        srcs: list[Any],
+        expected: list[int],
+        into: list[Any] | None = None,
+        decode: str = "auto",
+        proven: bool = False,
+    ) -> Decoded:
+        """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`), with nvCOMP
+        or on CPU threads as :func:`decodes_on_gpu` says."""
+        if not decodes_on_gpu(algo, decode, proven):
+            return self._decode_on_host(algo, srcs, expected, into)
+        if self._nvcomp is None:
+            import cupy
+
+            host = CPUCodecs().decode(algo, [s.get() for s in srcs], expected)
+            result = Decoded(cupy.asarray(h) for h in host)
+            for i, o in enumerate(into or [None] * len(host)):
+                if o is not None:
+                    o[:] = result[i]
+                    result[i] = o
+            return result
+        raw = []
+        for i, s in enumerate(srcs):
+            try:
+                raw.append(stream(algo).deframe(s))
+            except FramingError as exc:
+                raise DecodeFailure(i, str(exc)) from exc
+        batched = self.batched(algo)
+        if batched is not None:
+            decoded = self._decode_c(batched, algo, raw, expected, into)
+        else:
+            decoded = self._decode_python(algo, raw, expected, into)
+        from .checksums import CHECKSUM_NAMES, verify
+
+        decoder = stream(algo)
+        bad = verify(decoder, srcs, decoded)
+        if bad is not None:
+            what = CHECKSUM_NAMES[decoder.checksum]
+            raise DecodeFailure(bad, f"{algo} {what} does not match the decoded bytes")
+        return decoded

@@ -1,0 +1,85 @@
+"""Codec names to decoders: the one table of what the engine decodes itself.
+
+A chunk's byte codecs (``ChunkRecipe.bytes_codecs``, in decode order) are ``"crc32c"``, one
+stream kind's name (:data:`STREAMS`), or ``"blosc-<cname>"`` (:mod:`.blosc`, whose blocks are
+streams of one kind, ``BLOSC_STREAMS``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .base import StreamDecoder
+from .blosc import BLOCK_STREAM_BYTES
+from .blosc import STREAMS as BLOSC_STREAMS
+from .deflate import GZIP, ZLIB
+from .lz4 import LZ4_BLOCK, LZ4_PREFIXED
+from .zstd import ZSTD
+
+STREAMS: dict[str, StreamDecoder] = {d.name: d for d in (ZSTD, GZIP, ZLIB, LZ4_PREFIXED, LZ4_BLOCK)}
+
+DECODE_CHOICES = ("auto", "gpu", "cpu")
+
+
+def stream(kind: str) -> StreamDecoder:
+    """The decoder of stream kind ``kind``."""
+    try:
+        return STREAMS[kind]
+    except KeyError:
+        raise ValueError(f"no decoder for {kind!r} streams") from None
+
+
+def decode_choice(value: str | None = None) -> str:
+    """The ``decode=`` choice: the argument, else ``CUPY_XARRAY_DECODE``, else ``"auto"``."""
+    choice = value if value is not None else os.environ.get("CUPY_XARRAY_DECODE", "auto")
+    if choice not in DECODE_CHOICES:
+        raise ValueError(
+            f"decode must be 'auto', 'gpu' or 'cpu', got {choice!r} (from "
+            + ("the decode= argument" if value is not None else "CUPY_XARRAY_DECODE")
+            + ")"
+        )
+    return choice
+
+
+def decodes_on_gpu(kind: str, decode: str = "auto", proven: bool = False) -> bool:
+    """Whether a GPU read hands ``kind``'s streams to nvCOMP (else: CPU threads, then a copy).
+
+    ``decode="auto"`` gives nvCOMP the streams it decodes safely after the engine's checks
+    (each decoder's :attr:`~.base.StreamDecoder.host_only` says why not): gzip and zlib, Blosc's
+    LZ4 blocks, and zstd frames whose stored bytes a crc32c proved (``proven``). ``"gpu"`` hands
+    nvCOMP everything (for stores you trust: the fastest), ``"cpu"`` nothing.
+    """
+    return stream(kind).on_gpu(decode, proven)
+
+
+def compressor(codecs: tuple[str, ...]) -> str | None:
+    """The chain's compressor (the codec that is not ``crc32c``), or None."""
+    return next((c for c in codecs if c != "crc32c"), None)
+
+
+def stream_kind(codecs: tuple[str, ...]) -> str | None:
+    """The stream kind a chain's compressor writes (for Blosc: its blocks' kind), or None."""
+    name = compressor(codecs)
+    if name is None or not name.startswith("blosc-"):
+        return name
+    return BLOSC_STREAMS[name[len("blosc-") :]]
+
+
+def stream_bytes(codecs: tuple[str, ...]) -> int | None:
+    """The size of the streams a chunk of the chain is made of, where it is made of many
+    (Blosc: one per block, modelled at 64 KiB); None where the chunk is one stream."""
+    name = compressor(codecs)
+    return BLOCK_STREAM_BYTES if name is not None and name.startswith("blosc-") else None
+
+
+def proven(codecs: tuple[str, ...]) -> bool:
+    """True when a crc32c codec checks the stored bytes before the compressor sees them."""
+    name = compressor(codecs)
+    return name is not None and "crc32c" in codecs[: codecs.index(name)]
+
+
+def stream_lead(codecs: tuple[str, ...]) -> int:
+    """Bytes of framing before the bare stream of a chain's compressor (0 for most), so that
+    staging can align the stream nvCOMP reads."""
+    name = compressor(codecs)
+    return STREAMS[name].lead if name in STREAMS else 0
