@@ -6,7 +6,7 @@ caches that run left behind (``warm``), which is what a user sees from the secon
 
 Usage (GPU machine)::
 
-    python benchmarks/first_minute.py [--runs 3] [--profile] [--json out.json]
+    python benchmarks/first_minute.py [--runs 3] [--profile] [--json docs/benchmarks-first-minute.json]
 """
 
 from __future__ import annotations
@@ -100,8 +100,10 @@ def main() -> None:
         warm = sorted(r[p] for r in rows["warm"])[args.runs // 2]
         print(f"| {p} | {cold:.3f} | {warm:.3f} |")
     if args.json:
+        from read_throughput import run_meta
+
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"meta": run_meta(), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

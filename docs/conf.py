@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -152,13 +153,29 @@ def _patterns_tables(path: Path) -> str:
     return "\n".join(lines + _run_facts(meta))
 
 
+def _first_minute_table(path: Path) -> str:
+    """The phases of a fresh process (``benchmarks/first_minute.py --json``): medians, cold
+    and warm caches."""
+    runs, meta = _benchmark_run(path)
+    lines = ["| phase | cold caches (s) | warm caches (s) |", "| --- | ---: | ---: |"]
+    for phase in runs["cold"][0]:
+        med = [statistics.median(r[phase] for r in runs[k]) for k in ("cold", "warm")]
+        lines.append(f"| {phase} | {med[0]:.3f} | {med[1]:.3f} |")
+    lines += ["", f"Medians of {len(runs['cold'])} fresh processes each."]
+    return "\n".join(lines + _run_facts(meta))
+
+
 def _write_benchmark_tables() -> None:
     """docs/_generated/<name>.md for every docs/benchmarks*.json (included by benchmarks.md)."""
     out = HERE / "_generated"
     out.mkdir(exist_ok=True)
     for path in sorted(HERE.glob("benchmarks*.json")):
-        patterns = path.stem.startswith("benchmarks-patterns")
-        table = _patterns_tables(path) if patterns else _benchmark_table(path)
+        if path.stem.startswith("benchmarks-patterns"):
+            table = _patterns_tables(path)
+        elif path.stem == "benchmarks-first-minute":
+            table = _first_minute_table(path)
+        else:
+            table = _benchmark_table(path)
         (out / f"{path.stem}.md").write_text(table)
 
 
