@@ -107,6 +107,32 @@ def test_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
     assert sch.rates("zstd", cpu) == sch.DEFAULT_RATES["zstd"] and calls == ["gzip"]
 
 
+def test_calibration_keeps_the_nvcomp_figures_of_blosc_blocks():
+    """Bare 64 KiB LZ4 blocks cannot show what whole Blosc reads get from nvCOMP: only the
+    CPU thread is measured for them; bare streams of the other kinds measure the GPU too."""
+    decoded = []
+
+    class Codecs:
+        available = True
+
+        def decode(self, kind, srcs, expected, decode="auto"):
+            decoded.append((kind, len(srcs)))
+
+    gpu = SimpleNamespace(name="gpu", xp=np, codecs=Codecs(), synchronize=lambda: None)
+    r = sch.calibrate("lz4-block", gpu)
+    base = sch.DEFAULT_RATES["lz4-block"]
+    assert r.measured and (r.gpu, r.gpu_stream, r.gpu_call) == (base.gpu, base.gpu_stream, base.gpu_call)
+    assert decoded == []
+    r = sch.calibrate("gzip", gpu)
+    assert decoded and decoded[0][0] == "gzip" and r.gpu != sch.DEFAULT_RATES["gzip"].gpu
+
+
+def test_the_reason_names_both_processors():
+    s = Scheduler(RATES)
+    _, d = s.routes(_tasks(("gzip",), 1), GPU, "auto")
+    assert d.gpu == 0 and "nvCOMP alone" in d.why and "CPU threads" in d.why
+
+
 @pytest.mark.parametrize("kind", ["zstd", "gzip", "zlib", "lz4", "lz4-block"])
 def test_sample_streams_decode_to_their_size(kind):
     from cupy_xarray.engine.decoders import stream

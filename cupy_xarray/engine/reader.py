@@ -37,6 +37,13 @@ from .spec import ArraySpec
 log = logging.getLogger("cupy_xarray")
 
 DEFAULT_BATCH_BYTES = 2048 * 2**20
+#: a GPU read whose chunks all go to CPU threads, with outputs of at most this many bytes, is
+#: assembled in pinned host memory and copied to the GPU in one copy per output (no copy,
+#: scratch buffer or scatter kernel per chunk: what a small selection costs is its bytes)
+HOST_ASSEMBLY_BYTES = 16 * 2**20
+#: reads whose outputs are smaller than this are not checked against free memory first (an
+#: allocation that fails still raises OutOfMemoryError; asking the driver costs every read)
+CHECK_MEMORY_BYTES = 64 * 2**20
 #: seconds spent per phase by the last read_arrays call in this process (set
 #: CUPY_XARRAY_PROFILE=1 to synchronize the device between phases for exact figures)
 last_read_stats: dict[str, float] = {}
@@ -308,6 +315,48 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decod
             t.release()
 
 
+def _host_twins(normalized, outs, filled, on_host, batches, device) -> list | None:
+    """Pinned host twins of a small GPU read's outputs (:data:`HOST_ASSEMBLY_BYTES`), where
+    the host route's jobs assemble it; None for other reads. The tasks' straight-into-the-
+    output targets are planned again, on the twins."""
+    if device.name != "gpu" or batches or not on_host:
+        return None
+    used = {t.out for t in on_host}
+    if sum(outs[i].nbytes for i in used) > HOST_ASSEMBLY_BYTES:
+        return None
+    from .decoders.batch import pinned_buffer
+
+    twins: list[Any] = [None] * len(outs)
+    for i in used:
+        out, spec = outs[i], normalized[i][0]
+        twin = pinned_buffer(out.nbytes)[: out.nbytes].view(out.dtype).reshape(out.shape)
+        if i in filled:
+            np.copyto(twin, spec.fill_value, casting="unsafe")
+        twins[i] = twin
+    for t in on_host:
+        t.target = None
+        _plan_target(t, _bytes_of(twins[t.out]))
+    return twins
+
+
+def _host_device(device: Device) -> Device:
+    """The CPU device whose jobs assemble a GPU read on the host (the same threads)."""
+    from ..device import resolve_device
+
+    return resolve_device("cpu", device.threads)
+
+
+def _copy_twins(twins: list, outs: list, device: Device) -> None:
+    """Copy each assembled twin into its output on the GPU; returns once the copies are done
+    (the twins' pinned memory goes back to the pool)."""
+    rt = device.xp.cuda.runtime
+    stream = device.xp.cuda.get_current_stream()
+    for twin, out in zip(twins, outs):
+        if twin is not None and out.nbytes:
+            rt.memcpyAsync(out.data.ptr, twin.ctypes.data, out.nbytes, rt.memcpyHostToDevice, stream.ptr)
+    stream.synchronize()
+
+
 def _zarr_grid(spec: ArraySpec) -> tuple[int, ...] | None:
     """The grid of files zarr-python reads (shards for sharded arrays), None if irregular."""
     shards = getattr(spec.zarr_array, "shards", None)
@@ -387,11 +436,13 @@ def _gib(n: float) -> str:
 
 def check_memory(requests: list[tuple[ArraySpec, tuple]], device: Device, batch_bytes: int) -> None:
     """Refuse a read whose outputs and read buffers cannot fit in the device's free memory."""
+    out = sum(math.prod(output_shape(sel, spec.shape)) * spec.dtype.itemsize for spec, sel in requests)
+    needed = out + min(batch_bytes, 2 * out)
+    if needed < CHECK_MEMORY_BYTES:
+        return
     free = device.free_bytes()
     if free is None:
         return
-    out = sum(math.prod(output_shape(sel, spec.shape)) * spec.dtype.itemsize for spec, sel in requests)
-    needed = out + min(batch_bytes, 2 * out)
     if needed > free:
         names = ", ".join(repr(spec.name) for spec, _ in requests[:5]) + (" ..." if len(requests) > 5 else "")
         raise OutOfMemoryError(
@@ -558,6 +609,7 @@ def _read_arrays_on(normalized, device, batch_bytes, progress, decode, scheduler
 def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, scheduler, clock) -> list[Any]:
     outs: list[Any] = [None] * len(normalized)
     tasks: list[_Task] = []
+    filled: set[int] = set()  # outputs with missing chunks: filled with the fill value first
     for i, (spec, nsel) in enumerate(normalized):
         if log.isEnabledFor(logging.DEBUG):
             log.debug(describe(spec, device, decode))
@@ -569,6 +621,7 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
         pieces = plan_chunks(nsel, spec.shape, spec.chunks)
         found, missing = _locate(spec, pieces, i)
         if missing:
+            filled.add(i)
             outs[i] = device.full(oshape, spec.fill_value, spec.dtype)
         else:
             outs[i] = device.empty(oshape, spec.dtype)
@@ -593,10 +646,14 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
     pending: list = []
     jobs = None
     try:
+        twins = _host_twins(normalized, outs, filled, on_host, batches, device)
         # reads of the host route alone need no session (kvikio's setup costs every dask task)
         with device.io.session(device.threads) if batches else contextlib.nullcontext() as session:
             try:
-                jobs = host.start(on_host, outs, device)
+                if twins is not None:
+                    jobs = host.start(on_host, twins, _host_device(device))
+                else:
+                    jobs = host.start(on_host, outs, device)
                 if batches:
                     pending.append(_submit(session, batches[0], outs, device))
                 for b, batch in enumerate(batches):
@@ -612,6 +669,8 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
                     if bar is not None:
                         bar.update(sum(t.direct[1] if t.direct else t.nbytes for t in batch))
                 jobs.wait()
+                if twins is not None:
+                    _copy_twins(twins, outs, device)
                 clock.lap("host route")
                 clock.stats.update(jobs.stats or {})
                 _learn(decisions, tasks, device, clock, jobs)

@@ -112,9 +112,16 @@ class Scheduler:
         # a Blosc chunk is many streams, one per block (and per byte of the type when split)
         longest = stream_bytes(codecs)
         k, tg, th = split(sizes, r, threads, longest, batch_bytes)
-        why = f"cost model: nvCOMP {tg * 1e3:.1f} ms beside {threads} CPU threads {th * 1e3:.1f} ms" + (
-            "" if r.measured else ", default rates"
-        )
+        cpu = f"{threads} CPU threads"
+        if 0 < k < len(tasks):
+            why = f"cost model: nvCOMP {tg * 1e3:.1f} ms beside {cpu} {th * 1e3:.1f} ms"
+        elif k:
+            alone = r.host_seconds(sizes, threads)
+            why = f"cost model: nvCOMP {tg * 1e3:.1f} ms, {cpu} alone {alone * 1e3:.1f} ms"
+        else:
+            alone = r.gpu_seconds(sizes, longest, batch_bytes)
+            why = f"cost model: {cpu} {th * 1e3:.1f} ms, nvCOMP alone {alone * 1e3:.1f} ms"
+        why += "" if r.measured else ", default rates"
         decision = Decision(name, codec, k, len(tasks) - k, why, kind, key, learns=self._rates is None)
         return ["batch"] * k + ["host"] * (len(tasks) - k), decision
 
@@ -208,7 +215,8 @@ def _machine_key(device: Any) -> str:
         nv = nvcomp._lib_version
     else:
         nv = 0
-    return f"{gpu}|{os.cpu_count()} cores|nvcomp {nv}"
+    # (the last field: the model's version; figures measured under another are measured again)
+    return f"{gpu}|{os.cpu_count()} cores|nvcomp {nv}|model 2"
 
 
 def rates(kind: str, device: Any) -> Rates:
@@ -343,7 +351,7 @@ def calibrate(kind: str, device: Any) -> Rates:
     for s in streams[:8]:
         decoder.decode_host(s, n, out)
     host = 8 * n / (time.perf_counter() - t0)
-    if device.name != "gpu" or not getattr(device.codecs, "available", False):
+    if device.name != "gpu" or not getattr(device.codecs, "available", False) or not decoder.calibrates_gpu:
         return Rates(host, base.gpu, base.gpu_stream, base.gpu_call, measured=True, host_pool=base.host_pool)
     xp = device.xp
     dev = [xp.asarray(s) for s in streams]
@@ -358,7 +366,7 @@ def calibrate(kind: str, device: Any) -> Rates:
     run(1)  # loads nvCOMP's kernels
     t1 = min(run(1) for _ in range(3))
     t_many = min(run(many) for _ in range(2))
-    call = min(base.gpu_call, t1 / 2) if decoder.calibrates_call else base.gpu_call
+    call = min(base.gpu_call, t1 / 2)
     gpu = (many - 1) * n / max(t_many - t1, 1e-6)
     one = n / max(t1 - call, 1e-6)
     # the pool's rate cannot be measured on samples: reads measure it (:func:`learn`)

@@ -110,9 +110,11 @@ class StreamDecoder:
         the pools' figures are full loads on CPU threads), used until this machine's are.
     sample_bytes
         The stream size calibration measures (:func:`~..schedule.calibrate`).
-    calibrates_call
-        Whether calibration measures the fixed cost of a call (else :attr:`rates` keeps it:
-        the call of a kind decoded inside another format costs that format's launches too).
+    calibrates_gpu
+        Whether calibration measures nvCOMP's figures for the kind on bare streams. A kind
+        decoded inside another format (Blosc's blocks) costs that format's launches and checks
+        too, and fills the GPU with many more streams than a sample can: :attr:`rates` keeps
+        its nvCOMP figures, and reads nvCOMP did alone refine them.
     """
 
     name: str = ""
@@ -125,7 +127,7 @@ class StreamDecoder:
     host_only: str = ""
     rates: Rates = Rates(0.5e9, 20e9, 0.05e9, 1e-3)
     sample_bytes: int = 2**20
-    calibrates_call: bool = True
+    calibrates_gpu: bool = True
 
     def check(self, head: bytes, tail: bytes, expected: int) -> str | None:
         """What is wrong with a stored stream, from its first 32 bytes (fewer if shorter) and

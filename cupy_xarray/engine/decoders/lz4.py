@@ -69,7 +69,8 @@ class LZ4Block(_LZ4):
     # (one 4 MiB chunk read through them took 11.7 ms; one CPU thread, 4.5 ms)
     rates = Rates(0.9e9, 25e9, 1.0e9, 1e-2, host_pool=3.2e9)
     sample_bytes = 2**16  # Blosc's block streams
-    calibrates_call = False  # its calls are Blosc's: layout, unshuffle and copies besides
+    # 64 MiB of bare blocks decoded at 6.5 GB/s on an H200, whole Blosc reads at 21
+    calibrates_gpu = False
 
 
 LZ4_PREFIXED = LZ4()
