@@ -22,7 +22,7 @@ from xarray.core.variable import Variable
 from . import chunked
 from .cf import device_agnostic, find_backend_array
 from .containment import Containment
-from .device import Device, PrototypeDevice, resolve_device
+from .device import Device, PrototypeDevice, resolve_device, start_gpu
 from .engine import array_spec, read_arrays
 from .engine.decoders import decode_choice
 from .engine.plan import normalize_selection
@@ -247,7 +247,9 @@ def _read_options(device: Any, threads: Any, batch_bytes: Any, decode: str | Non
     if decode is not None:
         decode_choice(decode)
     if isinstance(device, str):
-        resolve_device(device, threads)  # no GPU, no cupy: say so now
+        resolved = resolve_device(device, threads)  # no GPU, no cupy: say so now
+        if resolved.name == "gpu":
+            start_gpu(resolved.xp)
     return dict(device=device, threads=threads, batch_bytes=batch_bytes, decode=decode)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,35 @@ def gpu_available() -> bool:
         return bool(cupy.cuda.is_available())
     except Exception:
         return False
+
+
+_started: set[int] = set()
+_started_lock = threading.Lock()
+
+
+def start_gpu(cupy: Any) -> None:
+    """Create the current GPU's CUDA context on a background thread, once per device.
+
+    Opening a store lazily takes longer than that (xarray decodes its coordinates), so the
+    first read finds the context ready instead of waiting for it.
+    """
+    try:
+        index = cupy.cuda.runtime.getDevice()
+    except Exception:  # noqa: BLE001 - no device: the read says so
+        return
+    with _started_lock:
+        if index in _started:
+            return
+        _started.add(index)
+
+    def run() -> None:
+        try:
+            cupy.cuda.runtime.setDevice(index)
+            cupy.cuda.runtime.free(0)  # the first runtime call that needs a context makes it
+        except Exception:  # noqa: BLE001 - the read itself reports what is wrong
+            pass
+
+    threading.Thread(target=run, name="cupy-xarray-cuda-start", daemon=True).start()
 
 
 def require_gpu():

@@ -293,3 +293,34 @@ def test_reads_in_threads_overlap(tmp_path, monkeypatch, device, choice):
 
     errors = run_in_threads(work, 2)
     assert not errors, errors[:2]
+
+
+def test_opening_on_the_gpu_starts_cuda_once_per_device(monkeypatch):
+    """The CUDA context is made on a background thread when a store is opened, once."""
+    import threading
+
+    from cupy_xarray import device as dev
+
+    calls = []
+    done = threading.Event()
+
+    class Runtime:
+        @staticmethod
+        def getDevice():
+            return 7
+
+        @staticmethod
+        def setDevice(i):
+            calls.append(("set", i))
+
+        @staticmethod
+        def free(ptr):
+            calls.append(("free", ptr))
+            done.set()
+
+    fake = type("cupy", (), {"cuda": type("cuda", (), {"runtime": Runtime})})
+    monkeypatch.setattr(dev, "_started", set())
+    dev.start_gpu(fake)
+    assert done.wait(5)
+    dev.start_gpu(fake)
+    assert calls == [("set", 7), ("free", 0)]
