@@ -2,7 +2,7 @@
 
 Each measurement runs in a new Python process, first with empty kernel caches (``cold``: cupy's
 ``CUPY_CACHE_DIR`` and the engine's decode-rate cache in a new folder) and then again with the
-caches that run left behind (``warm``), which is what a user sees from the second session on.
+caches that run left behind (``warm``), which is what a user sees from the second process on.
 
 Usage (GPU machine)::
 

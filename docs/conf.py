@@ -77,7 +77,27 @@ def _benchmark_run(path: Path) -> tuple[list, dict]:
     missing = [k for k in _META if not meta.get(k)]
     if missing or not doc.get("rows"):
         raise RuntimeError(f"{path} lacks {missing or 'rows'}: write it with the benchmark's --json")
+    _check_commit(path, meta["commit"])
     return doc["rows"], meta
+
+
+def _check_commit(path: Path, commit: str) -> None:
+    """A run must name a commit of this repository's history (where git and the history are
+    at hand): a table of figures from a tree that no longer exists fails the build."""
+    import subprocess
+
+    name = commit.split()[0]
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(HERE), "cat-file", "-e", f"{name}^{{commit}}"], capture_output=True, check=False
+        )
+        inside = subprocess.run(
+            ["git", "-C", str(HERE), "rev-parse", "--is-inside-work-tree"], capture_output=True, check=False
+        )
+    except OSError:  # no git: nothing to check against
+        return
+    if inside.returncode == 0 and found.returncode != 0:
+        raise RuntimeError(f"{path.name} was measured at commit {name!r}, which this repository lacks")
 
 
 def _benchmark_table(path: Path) -> str:

@@ -108,7 +108,7 @@ def test_xarray_operations_stay_on_device(store, ref, device):
         computed = lazy.compute()
         assert module_of(computed.data) == expected_type(device), name
         np.testing.assert_allclose(host(computed.data), want[name].values, rtol=1e-6, err_msg=name)
-    # issue #52 of the original project: sum(min_count=1) with NaNs on dask + cupy
+    # sum(min_count=1) with NaNs on dask + cupy (cupy-xarray 0.1.x returned zeros there)
     s = got["sum_min_count"].compute()
     assert np.isnan(host(s.data)[0, 0]) and not np.isnan(host(s.data)[1, 1])
 
