@@ -389,3 +389,28 @@ def test_batch_size_is_chosen_per_read_unless_given():
     assert _staging_limit(outs, None, "gpu") == DEFAULT_BATCH_BYTES
     assert _staging_limit(outs, 2**31, "auto") == 2**31  # what the user asked for
     assert _staging_limit(outs, 1000, "gpu") == 1000
+
+
+def test_a_one_chunk_read_runs_on_the_calling_thread(tmp_path, monkeypatch):
+    """Nothing else to wait for: the single job skips the pool's hand-off; more chunks use it."""
+    import threading
+
+    from cupy_xarray.engine import host as host_route
+
+    seen = []
+    real = host_route._timed_job
+
+    def spy(*args):
+        seen.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(host_route, "_timed_job", spy)
+    a = _store(tmp_path, "zstd", (8, 64, 64), (4, 32, 32))
+    spec = array_spec(a)
+    one = read_arrays([(spec, (slice(0, 4), slice(0, 32), slice(0, 32)))], resolve_device("cpu"))[0]
+    np.testing.assert_array_equal(one, a[0:4, 0:32, 0:32])
+    assert seen == [threading.current_thread().name]
+    seen.clear()
+    whole = read_arrays([(spec, (slice(None),) * 3)], resolve_device("cpu"))[0]
+    np.testing.assert_array_equal(whole, a[:])
+    assert len(seen) == 8 and all(name.startswith("cupy-xarray-decode") for name in seen)

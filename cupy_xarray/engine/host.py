@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -208,13 +208,24 @@ class Jobs:
         self._futures = []
 
 
-def start(tasks: list[Any], outs: list[Any], device: Any) -> Jobs:
-    """Start reading, decoding and placing every task on the pool."""
+def start(tasks: list[Any], outs: list[Any], device: Any, inline: bool = False) -> Jobs:
+    """Start reading, decoding and placing every task on the pool; ``inline``: a read with
+    nothing else to wait for runs a single task on the calling thread (handing it to the pool
+    costs a thread's wake-up, which is much of a small selection's time)."""
     jobs = Jobs(defaultdict(float) if os.environ.get("CUPY_XARRAY_PROFILE") == "1" else None)
     if not tasks:
         return jobs
     if device.name == "gpu":
         device.synchronize()  # the outputs' fill values are written before other streams write
+    if inline and len(tasks) == 1:
+        done: Future = Future()
+        try:
+            _timed_job(tasks[0], outs[tasks[0].out], device, jobs)
+            done.set_result(None)
+        except Exception as exc:  # noqa: BLE001 - raised by wait(), as from the pool
+            done.set_exception(exc)
+        jobs._futures = [done]
+        return jobs
     p = pool(device.threads)
     jobs._futures = [p.submit(_timed_job, t, outs[t.out], device, jobs) for t in tasks]
     return jobs

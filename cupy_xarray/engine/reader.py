@@ -650,10 +650,11 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
         # reads of the host route alone need no session (kvikio's setup costs every dask task)
         with device.io.session(device.threads) if batches else contextlib.nullcontext() as session:
             try:
+                alone = not batches  # nothing else runs beside the host route's jobs
                 if twins is not None:
-                    jobs = host.start(on_host, twins, _host_device(device))
+                    jobs = host.start(on_host, twins, _host_device(device), inline=alone)
                 else:
-                    jobs = host.start(on_host, outs, device)
+                    jobs = host.start(on_host, outs, device, inline=alone)
                 if batches:
                     pending.append(_submit(session, batches[0], outs, device))
                 for b, batch in enumerate(batches):
