@@ -7,7 +7,8 @@ libzstd, zlib, liblz4, c-blosc after the engine's own Blosc layout check, crc32c
 - a CPU read decodes straight into the output where the chunk is one run of it, else
   scatters from the thread's buffer;
 - a GPU read decodes into pinned host memory and copies it to the device on the thread's
-  own CUDA stream: straight into the output where the chunk is one run of it, else into a
+  own CUDA stream: straight into the output where the chunk is one run of it, with strided
+  2-D copies where the piece is a box of rows (:func:`~.scatter.box_copies`), else into a
   scratch buffer of one chunk that is scattered on the GPU.
 
 Memory beside the output is bounded by the pool: per thread, one chunk's stored bytes
@@ -32,7 +33,7 @@ import numpy as np
 
 from .decoders import decode_on_host
 from .io import ReadOp, _pread_into, first_error
-from .scatter import copy_bytes, place_chunk
+from .scatter import box_copies, copy_bytes, place_chunk
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
@@ -159,6 +160,10 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
         elif task.copy is not None:
             s, k, d = task.copy
             rt.memcpyAsync(out.data.ptr + d, src + s, k, h2d, stream.ptr)
+        elif (copies := box_copies(recipe, task.piece, out.shape)) is not None:
+            # a box of the chunk into a box of the output: strided copies, no scratch or kernel
+            for s, d, width, height, spitch, dpitch in copies:
+                rt.memcpy2DAsync(out.data.ptr + d, dpitch, src + s, spitch, width, height, h2d, stream.ptr)
         else:
             scratch = cupy.empty(n, dtype=cupy.uint8)
             lo, hi = span if not recipe.bytes_codecs else (0, n)  # only the bytes read

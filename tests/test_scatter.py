@@ -1,0 +1,103 @@
+"""Placing a chunk's piece with 2-D copies (the GPU's strided host-to-device copies) puts the
+same bytes where the general scatter does, for every selection that is a box."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupy_xarray.engine import scatter
+from cupy_xarray.engine.plan import normalize_selection, output_shape, plan_chunks
+from cupy_xarray.engine.scatter import BOX_MAX_COPIES, box_copies, place_chunk
+from cupy_xarray.engine.spec import ChunkRecipe
+
+
+def _apply(copies, src: bytes, out: np.ndarray) -> None:
+    """What ``cudaMemcpy2DAsync`` does for each copy, on host bytes."""
+    flat = out.reshape(-1).view(np.uint8)
+    for s, d, width, height, spitch, dpitch in copies:
+        for r in range(height):
+            flat[d + r * dpitch : d + r * dpitch + width] = src[s + r * spitch : s + r * spitch + width]
+
+
+def _selections(rng, shape):
+    for _ in range(60):
+        sel = []
+        for n in shape:
+            kind = rng.integers(4)
+            if kind == 0:
+                sel.append(int(rng.integers(n)))
+            elif kind == 1:
+                sel.append(slice(None))
+            elif kind == 2:
+                a = int(rng.integers(n))
+                sel.append(slice(a, int(rng.integers(a, n)) + 1))
+            else:
+                sel.append(slice(int(rng.integers(n)), None, int(rng.integers(1, 3))))
+        yield tuple(sel)
+
+
+@pytest.mark.parametrize(
+    "shape, chunks, dtype",
+    [
+        ((8, 96, 80), (4, 32, 40), "f4"),
+        ((50, 70), (16, 64), "i2"),
+        ((300,), (128,), "f8"),
+        ((6, 5, 4, 70), (3, 5, 4, 64), "u1"),
+    ],
+)
+def test_box_copies_place_what_the_scatter_places(shape, chunks, dtype, monkeypatch):
+    # the geometry, whatever the limits on copies and row widths
+    monkeypatch.setattr(scatter, "BOX_MAX_COPIES", 10**9)
+    monkeypatch.setattr(scatter, "BOX_MIN_ROW", 0)
+    rng = np.random.default_rng(len(shape))
+    recipe = ChunkRecipe(shape=chunks, dtype=np.dtype(dtype))
+    src = np.frombuffer(rng.integers(0, 100, size=chunks).astype(dtype).tobytes(), np.uint8)
+    boxes = 0
+    for sel in _selections(rng, shape):
+        nsel = normalize_selection(sel, shape)
+        oshape = output_shape(nsel, shape)
+        for piece in plan_chunks(nsel, shape, chunks):
+            want = np.zeros(oshape, dtype)
+            place_chunk(np, want, src, recipe, piece)
+            copies = box_copies(recipe, piece, oshape)
+            strided = any(isinstance(s, slice) and s.step not in (None, 1) for s in piece.chunk_sel)
+            if copies is None:
+                assert strided, piece
+                continue
+            boxes += 1
+            got = np.zeros(oshape, dtype)
+            _apply(copies, src, got)
+            np.testing.assert_array_equal(got, want, err_msg=str(piece))
+    assert boxes > 20
+
+
+def test_narrow_rows_and_many_copies_are_left_to_the_scatter():
+    shape = chunks = (20, 4, 4, 256)
+    recipe = ChunkRecipe(shape=chunks, dtype=np.dtype("f4"))
+    sel = normalize_selection((slice(None), slice(0, 3), slice(0, 3), slice(None)), shape)
+    (piece,) = plan_chunks(sel, shape, chunks)
+    assert box_copies(recipe, piece, (20, 3, 3, 256)) is None  # 20 copies of 3 rows
+    sel = normalize_selection((slice(0, 4), slice(0, 3), slice(0, 3), slice(None)), shape)
+    (piece,) = plan_chunks(sel, shape, chunks)
+    assert len(box_copies(recipe, piece, (4, 3, 3, 256))) == 4 <= BOX_MAX_COPIES
+    # whole planes and rows fold into one copy: 40 rows of 3 KiB
+    chunks = (40, 4, 256)
+    recipe = ChunkRecipe(shape=chunks, dtype=np.dtype("f4"))
+    (piece,) = plan_chunks(
+        normalize_selection((slice(None), slice(0, 3), slice(None)), chunks), chunks, chunks
+    )
+    assert box_copies(recipe, piece, (40, 3, 256)) == [(0, 0, 3072, 40, 4096, 3072)]
+    narrow = ChunkRecipe(shape=(64, 32), dtype=np.dtype("f4"))
+    (piece,) = plan_chunks(normalize_selection((slice(0, 8), slice(0, 16)), (64, 32)), (64, 32), (64, 32))
+    assert box_copies(narrow, piece, (8, 16)) is None  # 64-byte rows
+
+
+def test_pieces_that_are_not_boxes_are_left_to_the_scatter():
+    recipe = ChunkRecipe(shape=(4, 32), dtype=np.dtype("f4"))
+    (piece,) = plan_chunks(normalize_selection((slice(None), slice(0, 32, 2)), (4, 32)), (4, 32), (4, 32))
+    assert box_copies(recipe, piece, (4, 16)) is None
+    swapped = ChunkRecipe(shape=(4, 32), dtype=np.dtype("f4"), byteorder=">" if np.little_endian else "<")
+    (whole,) = plan_chunks(normalize_selection((slice(None),) * 2, (4, 32)), (4, 32), (4, 32))
+    assert box_copies(swapped, whole, (4, 32)) is None
+    assert box_copies(recipe, whole, (4, 32)) == [(0, 0, 512, 1, 512, 512)]
