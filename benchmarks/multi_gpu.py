@@ -4,10 +4,14 @@ Usage (on a machine with two or more GPUs)::
 
     python benchmarks/multi_gpu.py --dir /tmp/bench --size-gib 24 --json multi.json
 
-It writes (once) a zstd store of a smooth float32 field, opens it with
-``engine="kvikio", chunks={"t": ...}`` and computes ``field.mean("t")`` and ``field.std()``
-on a dask-cuda ``LocalCUDACluster`` with one worker per GPU: first restricted to GPU 0,
-then on all GPUs. Prints GB/s of decoded bytes and the speed-up.
+It writes (once) a zstd store of a smooth float32 field (4 MiB chunks), opens it with
+``engine="kvikio"`` and dask chunks of the store's own size (``chunks={}``) or of ``T`` time
+steps, and on a dask-cuda ``LocalCUDACluster`` at dask's defaults, one worker per GPU (first
+restricted to GPU 0, then on all GPUs), computes ``field.mean("t")`` and ``field.std()``, or
+persists the whole array on the workers (a full ``.compute()`` that stays on the GPUs).
+Prints the best and median of ``--repeat`` runs in GB/s of decoded bytes and the speed-up::
+
+    python benchmarks/multi_gpu.py --dir /tmp/bench --size-gib 24 --configs 0x1,64x1,256x1
 """
 
 from __future__ import annotations
@@ -103,7 +107,8 @@ def run(
     tpw: int,
     io_threads: int,
     trace: bool = False,
-    saturation: float = float("inf"),
+    saturation: float | None = None,
+    op: str = "mean",
 ) -> dict:
     import xarray as xr
     from dask_cuda import LocalCUDACluster
@@ -115,10 +120,11 @@ def run(
     try:
         import dask
 
-        # dask's default (1.1) queues root tasks and hands them out as threads free up; with
-        # two dozen 1 GiB tasks one worker often got 13 and the other 11 (seen with --trace).
-        # inf assigns every read up front, evenly (see docs/performance.md)
-        with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
+        # None: dask's own default (1.1: root tasks queued and handed out as threads free up;
+        # with two dozen 1 GiB tasks one worker often got 13 and the other 11, seen with
+        # --trace); inf assigns every read up front (see docs/benchmarks.md)
+        settings = {} if saturation is None else {"distributed.scheduler.worker-saturation": saturation}
+        with dask.config.set(settings):
             cluster = LocalCUDACluster(
                 CUDA_VISIBLE_DEVICES=devices, dashboard_address=None, threads_per_worker=tpw
             )
@@ -129,12 +135,22 @@ def run(
             os.environ["CUPY_XARRAY_THREADS"] = saved
     with cluster, Client(cluster) as client:
         n = len(client.scheduler_info()["workers"])
+        import cupy_xarray
+
+        cupy_xarray.warm_up(client)  # fresh workers: else the first one ready takes most reads
 
         def once(steps: int | None = None) -> float:
-            ds = xr.open_dataset(store, engine="kvikio", chunks={"t": tchunk})
+            ds = xr.open_dataset(store, engine="kvikio", chunks={"t": tchunk} if tchunk else {})
             if steps is not None:
                 ds = ds.isel(t=slice(0, steps))
             t0 = time.perf_counter()
+            if op == "persist":  # a full .compute() whose blocks stay on the workers' GPUs
+                kept = ds.field.data.persist()
+                wait(kept)
+                dt = time.perf_counter() - t0
+                assert type(kept._meta).__module__.startswith("cupy"), type(kept._meta)
+                del kept
+                return dt
             mean, std = ds.field.mean("t"), ds.field.std()
             futures = client.compute([mean.data, std.data])
             wait(futures)
@@ -146,7 +162,7 @@ def run(
         once()  # warm: page cache, CUDA contexts, nvCOMP, kvikio threads on every worker
         times = [once() for _ in range(repeat)]
         # the same computation over one dask chunk: what a computation costs besides its reads
-        one_task = min(once(tchunk) for _ in range(3))
+        one_task = min(once(tchunk or 1) for _ in range(3))
         if trace:  # one more run, with every read timed on the workers
             from distributed import get_task_stream
 
@@ -171,7 +187,8 @@ def run(
         "seconds": best,
         "gbps": nbytes / best / 1e9,
         "bytes": nbytes,
-        "worker_saturation": saturation if saturation != float("inf") else "inf",
+        "worker_saturation": "dask default" if saturation is None else saturation,
+        "op": op,
         "one_task_seconds": one_task,
         "times": times,
     }
@@ -181,12 +198,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/cupy-xarray-bench")
     ap.add_argument("--size-gib", type=float, default=24.0)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument(
         "--configs",
         default="256x2",
-        help="comma-separated TxN: T time steps (4 MiB each) per dask chunk, N tasks in flight per GPU "
-        "(dask threads per worker)",
+        help="comma-separated TxN: T time steps (4 MiB each) per dask chunk (0: the store's own chunks, "
+        "chunks={}), N tasks in flight per GPU (dask threads per worker); e.g. 0x1,64x1,256x1",
     )
     ap.add_argument(
         "--io-threads",
@@ -198,9 +215,15 @@ def main() -> None:
     ap.add_argument(
         "--saturation",
         type=float,
-        default=float("inf"),
-        help="dask's distributed.scheduler.worker-saturation (inf, the default here: every read assigned "
-        "up front, evenly; 1.1: dask's own default, root tasks queued)",
+        default=None,
+        help="dask's distributed.scheduler.worker-saturation (default: dask's own, 1.1: root tasks "
+        "queued; inf: every read assigned up front)",
+    )
+    ap.add_argument(
+        "--ops",
+        default="mean,persist",
+        help="comma-separated: mean (mean('t') and std() of the store) and persist (a full .compute() "
+        "kept on the workers' GPUs)",
     )
     args = ap.parse_args()
 
@@ -220,29 +243,31 @@ def main() -> None:
                 return int(args.io_threads)
             return max(4, min(32, (os.cpu_count() or 8) // workers))
 
-        one = run(store, "0", tchunk, args.repeat, tpw, io(1), args.trace, args.saturation)
-        rows = [one] + (
-            [run(store, all_gpus, tchunk, args.repeat, tpw, io(ngpu), args.trace, args.saturation)]
-            if ngpu > 1
-            else []
-        )
-        for r in rows:
-            r.update(
-                tchunk=tchunk,
-                tasks_per_gpu=tpw,
-                speedup=r["gbps"] / one["gbps"],
-                median_speedup=r["median_gbps"] / one["median_gbps"],
+        for op in args.ops.split(","):
+            one = run(store, "0", tchunk, args.repeat, tpw, io(1), args.trace, args.saturation, op)
+            rows = [one] + (
+                [run(store, all_gpus, tchunk, args.repeat, tpw, io(ngpu), args.trace, args.saturation, op)]
+                if ngpu > 1
+                else []
             )
-        results.extend(rows)
-    print(f"\nstore: {store} ({results[0]['bytes'] / 2**30:.1f} GiB decoded, zstd); mean('t') + std()")
+            for r in rows:
+                r.update(
+                    tchunk=tchunk or "store's",
+                    tasks_per_gpu=tpw,
+                    speedup=r["gbps"] / one["gbps"],
+                    median_speedup=r["median_gbps"] / one["median_gbps"],
+                )
+            results.extend(rows)
+    print(f"\nstore: {store} ({results[0]['bytes'] / 2**30:.1f} GiB decoded, zstd)")
     print(
-        "| dask chunk (t) | dask threads per GPU | worker-saturation | I/O threads per GPU | GPUs | best s "
-        "| GB/s | speed-up | median GB/s | median speed-up | one-task s |"
+        "| op | dask chunk (t) | dask threads per GPU | worker-saturation | I/O threads per GPU | GPUs "
+        "| best s | GB/s | speed-up | median GB/s | median speed-up | one-task s |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(
-            f"| {r['tchunk']} | {r['tasks_per_gpu']} | {r['worker_saturation']} | {r['io_threads']} "
+            f"| {r['op']} | {r['tchunk']} | {r['tasks_per_gpu']} | {r['worker_saturation']} "
+            f"| {r['io_threads']} "
             f"| {r['devices']} | {r['seconds']:.2f} | {r['gbps']:.2f} | {r['speedup']:.2f}x "
             f"| {r['median_gbps']:.2f} | {r['median_speedup']:.2f}x | {r['one_task_seconds']:.3f} |"
         )

@@ -176,3 +176,56 @@ def test_chunked_open_is_identical_to_engine_zarr(store, device, chunks):
     assert {k: v.chunks for k, v in got.variables.items()} == {k: v.chunks for k, v in want.variables.items()}
     assert set(got.indexes) == set(want.indexes)
     xr.testing.assert_identical(got.compute().cupy.as_numpy(), want.compute())
+
+
+@pytest.mark.parametrize("chunks", [{}, {"time": 16}])
+def test_reads_spread_evenly_over_workers_with_dasks_defaults(tmp_path, chunks):
+    """With dask's own scheduler settings (worker-saturation 1.1: reads queued and handed out
+    as threads free up), two one-thread workers warmed with ``warm_up`` each read about half
+    of a store's chunks: nothing in the engine's graph (its shared chunk source) pins them to
+    one worker."""
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    rng = np.random.default_rng(0)
+    data = rng.random((96, 64, 64)).astype("float32")
+    path = tmp_path / "even.zarr"
+    xr.Dataset({"v": (("time", "y", "x"), data)}).to_zarr(
+        path, zarr_format=3, encoding={"v": {"chunks": (2, 64, 64)}}
+    )
+    assert dask.config.get("distributed.scheduler.worker-saturation") == 1.1
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as c,
+        distributed.Client(c) as client,
+    ):
+        arr = xr.open_dataset(path, engine="kvikio", device="cpu", chunks=chunks).v.data
+        # fresh workers: the first one ready would read nearly all (46 of 48 seen) without it
+        cupy_xarray.warm_up(client, device="cpu")
+        kept = arr.persist()  # each block stays on the worker that read it
+        distributed.wait(kept)
+        where = client.who_has(kept)
+        np.testing.assert_array_equal(kept.compute(), data)
+    per_worker: dict[str, int] = {}
+    for workers in where.values():
+        for worker in workers:
+            per_worker[worker] = per_worker.get(worker, 0) + 1
+    assert sum(per_worker.values()) == arr.npartitions, per_worker
+    assert len(per_worker) == 2 and min(per_worker.values()) >= 0.3 * arr.npartitions, per_worker
+
+
+def test_warm_up_starts_every_worker_and_this_process():
+    distributed = pytest.importorskip("distributed")
+    here = cupy_xarray.warm_up(device="cpu")
+    assert here["device"] == "cpu" and here["threads"] >= 1
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as c,
+        distributed.Client(c) as client,
+    ):
+        started = cupy_xarray.warm_up(client, device="cpu")
+        loaded = client.run(lambda: __import__("sys").modules.get("cupy_xarray.engine.reader") is not None)
+    assert set(started) == set(loaded) and len(started) == 2
+    assert all(v["device"] == "cpu" for v in started.values()) and all(loaded.values())

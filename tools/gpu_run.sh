@@ -24,8 +24,8 @@ if [ -n "${DECODE_GIB:-}" ]; then
 fi
 timeout 400 python3 tools/run_notebooks.py "$OUT/notebooks" > "$OUT/notebooks.log" 2>&1
 if [ "$(nvidia-smi -L | wc -l)" -gt 1 ]; then
-  timeout 300 python3 benchmarks/multi_gpu.py --dir /tmp/bench --size-gib "${1:-24}" --repeat 3 \
-    --configs "${CONFIGS:-256x2}" --json "$OUT/multi_gpu.json" > "$OUT/multi_gpu.log" 2>&1
+  timeout 580 python3 benchmarks/multi_gpu.py --dir /tmp/bench --size-gib "${1:-24}" --repeat 5 \
+    --configs "${CONFIGS:-0x1,64x1,256x1}" --json "$OUT/multi_gpu.json" > "$OUT/multi_gpu.log" 2>&1
 fi
 for f in "$OUT"/*.log; do echo "== $f"; tail -3 "$f"; done
 grep -h "|" "$OUT/multi_gpu.log" 2>/dev/null
