@@ -34,7 +34,12 @@ def default_threads() -> int:
     env = os.environ.get("CUPY_XARRAY_THREADS")
     if env:
         return max(1, int(env))
-    return min(32, max(4, os.cpu_count() or 4))
+    return min(32, max(4, _cores()))
+
+
+@functools.cache
+def _cores() -> int:
+    return os.cpu_count() or 4  # asked once: every read resolves its device
 
 
 def import_cupy():
