@@ -414,3 +414,9 @@ def test_a_one_chunk_read_runs_on_the_calling_thread(tmp_path, monkeypatch):
     whole = read_arrays([(spec, (slice(None),) * 3)], resolve_device("cpu"))[0]
     np.testing.assert_array_equal(whole, a[:])
     assert len(seen) == 8 and all(name.startswith("cupy-xarray-decode") for name in seen)
+    # a few small uncompressed chunks are read one after the other on the calling thread
+    seen.clear()
+    raw = array_spec(_store(tmp_path / "raw", "none", (8, 64, 64), (4, 32, 32)))
+    small = read_arrays([(raw, (slice(2, 6), slice(20, 40), slice(None)))], resolve_device("cpu"))[0]
+    np.testing.assert_array_equal(small, zarr.open_array(raw.directory)[2:6, 20:40, :])
+    assert len(seen) == 8 and set(seen) == {threading.current_thread().name}

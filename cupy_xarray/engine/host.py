@@ -213,23 +213,38 @@ class Jobs:
         self._futures = []
 
 
+#: uncompressed bytes a read with nothing else to wait for reads on the calling thread, one
+#: chunk after the other (each hand-off to the pool costs a thread's wake-up)
+INLINE_BYTES = 4 * 2**20
+
+
+def _runs_inline(tasks: list[Any]) -> bool:
+    if len(tasks) == 1:
+        return True
+    return all(not t.spec.recipe.bytes_codecs for t in tasks) and sum(t.nbytes for t in tasks) <= INLINE_BYTES
+
+
 def start(tasks: list[Any], outs: list[Any], device: Any, inline: bool = False) -> Jobs:
     """Start reading, decoding and placing every task on the pool; ``inline``: a read with
-    nothing else to wait for runs a single task on the calling thread (handing it to the pool
-    costs a thread's wake-up, which is much of a small selection's time)."""
+    nothing else to wait for runs a single task, or a few small uncompressed ones
+    (:data:`INLINE_BYTES`), on the calling thread (handing a task to the pool costs a
+    thread's wake-up, which is much of a small selection's time)."""
     jobs = Jobs(defaultdict(float) if os.environ.get("CUPY_XARRAY_PROFILE") == "1" else None)
     if not tasks:
         return jobs
     if device.name == "gpu":
         device.synchronize()  # the outputs' fill values are written before other streams write
-    if inline and len(tasks) == 1:
-        done: Future = Future()
-        try:
-            _timed_job(tasks[0], outs[tasks[0].out], device, jobs)
-            done.set_result(None)
-        except Exception as exc:  # noqa: BLE001 - raised by wait(), as from the pool
-            done.set_exception(exc)
-        jobs._futures = [done]
+    if inline and _runs_inline(tasks):
+        for t in tasks:
+            done: Future = Future()
+            try:
+                _timed_job(t, outs[t.out], device, jobs)
+                done.set_result(None)
+            except Exception as exc:  # noqa: BLE001 - raised by wait(), as from the pool
+                done.set_exception(exc)
+            jobs._futures.append(done)
+            if done.exception() is not None:
+                break  # the first error is the one reported; the rest need not be read
         return jobs
     p = pool(device.threads)
     jobs._futures = [p.submit(_timed_job, t, outs[t.out], device, jobs) for t in tasks]
