@@ -109,10 +109,10 @@ def run(
     trace: bool = False,
     saturation: float | None = None,
     op: str = "mean",
+    device: str = "gpu",
 ) -> dict:
     import xarray as xr
-    from dask_cuda import LocalCUDACluster
-    from distributed import Client, wait
+    from distributed import Client, LocalCluster, wait
 
     # the workers inherit the environment: each one's engine reads with io_threads threads
     saved = os.environ.get("CUPY_XARRAY_THREADS")
@@ -125,9 +125,15 @@ def run(
         # --trace); inf assigns every read up front (see docs/benchmarks.md)
         settings = {} if saturation is None else {"distributed.scheduler.worker-saturation": saturation}
         with dask.config.set(settings):
-            cluster = LocalCUDACluster(
-                CUDA_VISIBLE_DEVICES=devices, dashboard_address=None, threads_per_worker=tpw
-            )
+            if device == "gpu":
+                from dask_cuda import LocalCUDACluster
+
+                cluster = LocalCUDACluster(
+                    CUDA_VISIBLE_DEVICES=devices, dashboard_address=None, threads_per_worker=tpw
+                )
+            else:  # the same orchestration on CPU workers, one per "device" (a check of the script)
+                n_workers = len(devices.split(","))
+                cluster = LocalCluster(n_workers=n_workers, threads_per_worker=tpw, dashboard_address=None)
     finally:
         if saved is None:
             del os.environ["CUPY_XARRAY_THREADS"]
@@ -137,10 +143,13 @@ def run(
         n = len(client.scheduler_info()["workers"])
         import cupy_xarray
 
-        cupy_xarray.warm_up(client)  # fresh workers: else the first one ready takes most reads
+        cupy_xarray.warm_up(client, device)  # fresh workers: else the first one ready takes most reads
+        array_module = "cupy" if device == "gpu" else "numpy"
 
         def once(steps: int | None = None) -> float:
-            ds = xr.open_dataset(store, engine="kvikio", chunks={"t": tchunk} if tchunk else {})
+            ds = xr.open_dataset(
+                store, engine="kvikio", device=device, chunks={"t": tchunk} if tchunk else {}
+            )
             if steps is not None:
                 ds = ds.isel(t=slice(0, steps))
             t0 = time.perf_counter()
@@ -148,7 +157,7 @@ def run(
                 kept = ds.field.data.persist()
                 wait(kept)
                 dt = time.perf_counter() - t0
-                assert type(kept._meta).__module__.startswith("cupy"), type(kept._meta)
+                assert type(kept._meta).__module__.startswith(array_module), type(kept._meta)
                 del kept
                 return dt
             mean, std = ds.field.mean("t"), ds.field.std()
@@ -156,7 +165,7 @@ def run(
             wait(futures)
             result = [f.result() for f in futures]
             dt = time.perf_counter() - t0
-            assert type(result[0]).__module__.startswith("cupy"), type(result[0])
+            assert type(result[0]).__module__.startswith(array_module), type(result[0])
             return dt
 
         once()  # warm: page cache, CUDA contexts, nvCOMP, kvikio threads on every worker
@@ -175,7 +184,7 @@ def run(
                 f"{_task_timeline(ts.data, wall)}",
                 flush=True,
             )
-        nbytes = xr.open_dataset(store, engine="kvikio", chunks={}).field.nbytes
+        nbytes = xr.open_dataset(store, engine="kvikio", device=device, chunks={}).field.nbytes
     best = min(times)
     median = sorted(times)[len(times) // 2]
     return {
@@ -211,6 +220,12 @@ def main() -> None:
         help="I/O threads per worker (CUPY_XARRAY_THREADS); auto: the host's cores split between the workers",
     )
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--cpu-workers",
+        type=int,
+        default=0,
+        help="run on this many CPU workers (device='cpu') instead of the GPUs: checks the script anywhere",
+    )
     ap.add_argument("--trace", action="store_true", help="time every read on the workers in one extra run")
     ap.add_argument(
         "--saturation",
@@ -227,9 +242,12 @@ def main() -> None:
     )
     args = ap.parse_args()
 
-    import cupy
+    if args.cpu_workers:
+        device, ngpu = "cpu", args.cpu_workers
+    else:
+        import cupy
 
-    ngpu = cupy.cuda.runtime.getDeviceCount()
+        device, ngpu = "gpu", cupy.cuda.runtime.getDeviceCount()
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     store = write_stores(root, args.size_gib, ["zstd"])["zstd"]
@@ -244,9 +262,10 @@ def main() -> None:
             return max(4, min(32, (os.cpu_count() or 8) // workers))
 
         for op in args.ops.split(","):
-            one = run(store, "0", tchunk, args.repeat, tpw, io(1), args.trace, args.saturation, op)
+            common = (tchunk, args.repeat, tpw)
+            one = run(store, "0", *common, io(1), args.trace, args.saturation, op, device)
             rows = [one] + (
-                [run(store, all_gpus, tchunk, args.repeat, tpw, io(ngpu), args.trace, args.saturation, op)]
+                [run(store, all_gpus, *common, io(ngpu), args.trace, args.saturation, op, device)]
                 if ngpu > 1
                 else []
             )
