@@ -181,15 +181,11 @@ def _stores(
     """The group's store, or with ``tree`` one store per group below it (keys: group paths)."""
     containment = None
     local = local_store_path(path)
-    if local is None and isinstance(path, str | os.PathLike) and "://" in os.fspath(path):
-        raise StoreError(
-            f"{os.fspath(path)!r}: engine='kvikio' reads local stores only, remote ones (s3://, "
-            "https://, gs://, ...) are not supported yet; read it with engine='zarr' (and "
-            "storage_options=...), or copy the store to a local disk"
-        )
+    # remote URLs (s3://, https://, gs://, memory://, ...) open through zarr's own fsspec
+    # store; their arrays are read by zarr-python, then placed on the device
     if local is not None and storage_options:
         raise StoreError(
-            "storage_options apply to remote stores, which engine='kvikio' does not read yet; "
+            "storage_options apply to remote stores (s3://, https://, ...); "
             f"{os.fspath(local)!r} is a local store: leave storage_options out"
         )
     if local is not None:
@@ -220,6 +216,8 @@ def _stores(
             stores = {group or "/": KvikioStore.open_group(path, group=group, **options)}
     except StoreError:
         raise
+    except ImportError as exc:  # a remote protocol whose fsspec filesystem is not installed
+        raise StoreError(f"cannot open {path!r}: {exc} (remote stores open through fsspec)") from exc
     except Exception as exc:
         where = f"group {group!r} of " if group else ""
         raise StoreError(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from conftest import HAS_GPU, host, module_of
+from conftest import HAS_GPU, expected_type, host, module_of
 
 import cupy_xarray
 from cupy_xarray.backend import KvikioBackendEntrypoint
@@ -236,10 +236,46 @@ def test_write_modes_and_store_objects_are_refused(tmp_path):
     assert xr.open_dataset(store, engine="kvikio", device="cpu", mode="r").air.shape == (4, 3)
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/data.zarr", "https://example.org/data.zarr", "gs://b/x.zarr"])
-def test_remote_urls_say_not_supported_yet(url):
-    with pytest.raises(StoreError, match="remote ones .* are not supported yet"):
-        xr.open_dataset(url, engine="kvikio", device="cpu")
+@pytest.fixture
+def remote_store():
+    """A store behind fsspec (its in-memory filesystem: what s3:// or https:// stores go
+    through), removed afterwards."""
+    fsspec = pytest.importorskip("fsspec")
+    import uuid
+
+    url = f"memory://cupy-xarray-{uuid.uuid4().hex}/s.zarr"
+    ds = _ds()
+    ds.to_zarr(url, zarr_format=3, consolidated=True)
+    _ds(seed=1).to_zarr(url, group="child", zarr_format=3, consolidated=True, mode="a")
+    yield url
+    fsspec.filesystem("memory").rm(url.split("://", 1)[1].rsplit("/", 1)[0], recursive=True)
+
+
+def test_remote_stores_read_through_zarr_python(remote_store, device):
+    """s3://, https:// and other fsspec URLs open through zarr's own store and read with
+    zarr-python, identical to engine="zarr", lazily, chunked, eagerly and as trees."""
+    want = xr.open_dataset(remote_store, engine="zarr").load()
+    lazy = xr.open_dataset(remote_store, engine="kvikio", device=device)
+    assert module_of(lazy.air.load().data) == expected_type(device)
+    xr.testing.assert_identical(lazy.load().cupy.as_numpy(), want)
+    chunked = xr.open_dataset(remote_store, engine="kvikio", device=device, chunks={})
+    xr.testing.assert_identical(chunked.compute().cupy.as_numpy(), want)
+    eager = cupy_xarray.read_zarr_gds(remote_store, device=device)
+    xr.testing.assert_identical(eager.cupy.as_numpy(), want)
+    tree = xr.open_datatree(remote_store, engine="kvikio", device=device).load()
+    xr.testing.assert_identical(tree.cupy.as_numpy(), xr.open_datatree(remote_store, engine="zarr").load())
+
+
+def test_a_remote_protocol_without_its_filesystem_says_what_to_install():
+    pytest.importorskip("fsspec")
+    try:
+        import gcsfs  # noqa: F401
+
+        pytest.skip("gcsfs is installed")
+    except ImportError:
+        pass
+    with pytest.raises(StoreError, match="gs://b/x.zarr.*gcsfs"):
+        xr.open_dataset("gs://b/x.zarr", engine="kvikio", device="cpu")
 
 
 def test_storage_options_with_a_local_store(tmp_path):
