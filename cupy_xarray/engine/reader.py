@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..device import Device, PrototypeDevice
+from ..device import Device, PrototypeDevice, resolve_device
 from ..errors import ChunkError, OutOfMemoryError
 from . import host
 from .decoders import decode_choice, decode_group, decodes_through_scratch, stream_lead, writes_into_output
@@ -341,8 +341,6 @@ def _host_twins(normalized, outs, filled, on_host, batches, device) -> list | No
 
 def _host_device(device: Device) -> Device:
     """The CPU device whose jobs assemble a GPU read on the host (the same threads)."""
-    from ..device import resolve_device
-
     return resolve_device("cpu", device.threads)
 
 

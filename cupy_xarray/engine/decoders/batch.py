@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ...device import _cores
 from .base import Decoded, DecodeFailure, FramingError, aligned_slots, decoded_sizes
 from .registry import decodes_on_gpu, stream
 
@@ -30,7 +31,7 @@ def _size_failure(algo: str, i: int, got: int, expected: int) -> DecodeFailure:
 
 def host_threads() -> int:
     """CPU threads that decode for a GPU read (``CUPY_XARRAY_DECODE_THREADS``; default: cores)."""
-    return max(1, int(os.environ.get("CUPY_XARRAY_DECODE_THREADS", 0)) or min(32, os.cpu_count() or 4))
+    return max(1, int(os.environ.get("CUPY_XARRAY_DECODE_THREADS", 0)) or min(32, _cores()))
 
 
 def host_copies(srcs: list[Any]) -> list[np.ndarray]:
