@@ -218,6 +218,11 @@ def _stores(
         raise
     except ImportError as exc:  # a remote protocol whose fsspec filesystem is not installed
         raise StoreError(f"cannot open {path!r}: {exc} (remote stores open through fsspec)") from exc
+    except PermissionError as exc:
+        raise StoreError(
+            f"cannot open {path!r}: access denied ({exc}); check the credentials (storage_options=, or "
+            "the AWS_* / cloud provider's environment variables) and that they may read this store"
+        ) from exc
     except Exception as exc:
         where = f"group {group!r} of " if group else ""
         raise StoreError(

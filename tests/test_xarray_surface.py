@@ -251,9 +251,10 @@ def remote_store():
     fsspec.filesystem("memory").rm(url.split("://", 1)[1].rsplit("/", 1)[0], recursive=True)
 
 
-def test_remote_stores_read_through_zarr_python(remote_store, device):
-    """s3://, https:// and other fsspec URLs open through zarr's own store and read with
-    zarr-python, identical to engine="zarr", lazily, chunked, eagerly and as trees."""
+def test_fsspec_urls_read_through_the_engine(remote_store, device):
+    """s3://, https:// and other fsspec URLs open through zarr's own store; the engine fetches
+    the chunks through it, identical to engine="zarr", lazily, chunked, eagerly and as trees
+    (tests/test_remote.py does the same over HTTP and S3 servers)."""
     want = xr.open_dataset(remote_store, engine="zarr").load()
     lazy = xr.open_dataset(remote_store, engine="kvikio", device=device)
     assert module_of(lazy.air.load().data) == expected_type(device)

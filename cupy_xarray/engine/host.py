@@ -113,7 +113,7 @@ def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
     t0 = time.perf_counter()
     lo, hi = (0, task.nbytes) if recipe.bytes_codecs else byte_span(recipe, task.piece.chunk_sel)
     if hi > lo:
-        op = ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key)
+        op = ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key, task.blob)
         _pread_into(op)
     if stats is not None:
         stats["host pread (thread-s)"] += time.perf_counter() - t0

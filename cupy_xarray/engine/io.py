@@ -21,12 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import ChunkError
 
 
 @dataclass
 class ReadOp:
-    """Read ``nbytes`` at ``offset`` of ``path`` into ``dest`` (a 1-D uint8 buffer)."""
+    """Read ``nbytes`` at ``offset`` of ``path`` into ``dest`` (a 1-D uint8 buffer).
+
+    ``blob``: the object's bytes already fetched from a remote store (a uint8 NumPy array);
+    ``offset`` is then into it, and nothing is read from a file.
+    """
 
     path: str
     offset: int
@@ -34,6 +40,7 @@ class ReadOp:
     dest: Any
     array: str
     chunk: str
+    blob: Any = None
 
 
 def _error(op: ReadOp, msg: str) -> ChunkError:
@@ -48,7 +55,21 @@ def _os_message(exc: OSError) -> str:
     return f"cannot read chunk: {exc}"
 
 
+def copy_blob(op: ReadOp) -> None:
+    """Copy a fetched object's bytes into ``op.dest`` (NumPy, or cupy from the host)."""
+    if op.offset + op.nbytes > len(op.blob):
+        raise _error(op, f"object is {len(op.blob)} bytes, shorter than the {op.nbytes} bytes at {op.offset}")
+    src = op.blob[op.offset : op.offset + op.nbytes]
+    if isinstance(op.dest, np.ndarray):
+        op.dest[: op.nbytes] = src
+    else:
+        op.dest[: op.nbytes].set(src)
+
+
 def _pread_into(op: ReadOp) -> None:
+    if op.blob is not None:
+        copy_blob(op)
+        return
     try:
         fd = os.open(op.path, os.O_RDONLY)
     except OSError as exc:
@@ -216,6 +237,9 @@ class _KvikioSession:
         items = []
         try:
             for op in ops:
+                if op.blob is not None:
+                    copy_blob(op)
+                    continue
                 try:
                     f = kvikio.CuFile(op.path, "r")
                 except Exception as exc:

@@ -31,7 +31,7 @@ from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape
 from .scatter import copy_bytes as _copy_bytes
 from .scatter import place_chunk
 from .schedule import Decision, Scheduler, fixed_route, learn, stream_kind
-from .shards import EMPTY, read_shard_index
+from .shards import EMPTY, read_shard_index, remote_shard_indexes
 from .spec import ArraySpec
 
 log = logging.getLogger("cupy_xarray")
@@ -105,6 +105,7 @@ class _Task:
     owner: Any = field(default=None, repr=False)  # keeps nvCOMP's output alive until scattered
     target: Any = field(default=None, repr=False)  # output bytes the last codec decodes into
     landed: bool = False  # decoded straight into the output: nothing left to scatter
+    blob: Any = field(default=None, repr=False)  # bytes fetched from a remote store (offset: into it)
 
     def error(self, msg: str) -> ChunkError:
         return ChunkError(msg, array=self.spec.name, chunk=self.key, path=self.path)
@@ -135,11 +136,14 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
         else:
             where = "nvCOMP and CPU threads, chosen per read by the cost model (decode='auto')"
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
-    return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}"
+    fetched = f", fetched from {spec.source.url}" if spec.source is not None else ""
+    return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}{fetched}"
 
 
 def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
     """Find each piece's bytes; return (tasks, number of missing chunks)."""
+    if spec.source is not None:
+        return _fetch(spec, pieces, out)
     tasks: list[_Task] = []
     missing = 0
     checked: set[str] = set()  # directories already checked to stay inside the store root
@@ -174,6 +178,57 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
         offset, nbytes = (int(v) for v in index[local])
         key = f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
         tasks.append(_Task(out, spec, p, spec.chunk_path(shard), key, offset, nbytes))
+    return tasks, missing
+
+
+def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
+    """:func:`_locate` for a remote store: fetch the pieces' objects (whole chunks; for sharded
+    arrays the shards' indexes, then their inner chunks' ranges, neighbours coalesced)."""
+    from .remote import Request, coalesce
+
+    source = spec.source
+    tasks: list[_Task] = []
+    if spec.shard is None:
+        keys = [spec.chunk_key(p.coords) for p in pieces]
+        blobs = source.fetch([Request(k) for k in keys])
+        for p, key, blob in zip(pieces, keys, blobs):
+            if blob is not None:
+                tasks.append(_Task(out, spec, p, source.location(key), key, 0, len(blob), blob=blob))
+        return tasks, len(pieces) - len(tasks)
+    per_shard = spec.shard.chunks_per_shard(spec.chunks)
+    shard_of = [tuple(c // n for c, n in zip(p.coords, per_shard)) for p in pieces]
+    shards = list(dict.fromkeys(shard_of))
+    indexes = dict(zip(shards, remote_shard_indexes(spec, shards)))
+    wanted: dict[tuple[int, ...], list[tuple[ChunkPiece, int, int, str]]] = {}
+    missing = 0
+    for p, shard in zip(pieces, shard_of):
+        local = tuple(c % n for c, n in zip(p.coords, per_shard))
+        index = indexes[shard]
+        if index is None or index[local + (0,)] == EMPTY:
+            missing += 1
+            continue
+        offset, nbytes = (int(v) for v in index[local])
+        key = f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
+        wanted.setdefault(shard, []).append((p, offset, nbytes, key))
+    requests, members = [], []
+    for shard, items in wanted.items():
+        for start, end, held in coalesce([(o, o + n) for _, o, n, _ in items]):
+            requests.append(Request(spec.chunk_key(shard), start, end))
+            members.append((shard, start, held))
+    blobs = source.fetch(requests)
+    for (shard, start, held), blob, req in zip(members, blobs, requests):
+        for i in held:
+            p, offset, nbytes, key = wanted[shard][i]
+            if blob is None:
+                raise ChunkError(
+                    "the shard disappeared while it was read",
+                    array=spec.name,
+                    chunk=key,
+                    path=source.location(req.key),
+                )
+            tasks.append(
+                _Task(out, spec, p, source.location(req.key), key, offset - start, nbytes, blob=blob)
+            )
     return tasks, missing
 
 
@@ -284,7 +339,8 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
             file_off, n, out_off = t.direct
             if t.out not in flat:
                 flat[t.out] = _bytes_of(outs[t.out])
-            ops.append(ReadOp(t.path, file_off, n, flat[t.out][out_off : out_off + n], t.spec.name, t.key))
+            dest = flat[t.out][out_off : out_off + n]
+            ops.append(ReadOp(t.path, file_off, n, dest, t.spec.name, t.key, t.blob))
     return session.submit(ops), staging
 
 
@@ -367,7 +423,7 @@ def _check_files_zarr_reads(spec: ArraySpec, selection: tuple) -> None:
     files (zarr-python reads a directory as a missing chunk: fill values), and for an untrusted
     store they and their directories must stay inside the root. Only the files the selection
     touches are checked, so that every dask task does not walk the whole array."""
-    if not spec.directory:
+    if not spec.directory or spec.source is not None:
         return
     c = spec.containment
     grid = _zarr_grid(spec)

@@ -29,7 +29,6 @@ def read_shard_index(
     assert layout is not None
     path = spec.chunk_path(shard_coords)
     key = spec.chunk_key(shard_coords)
-    per_shard = layout.chunks_per_shard(spec.chunks)
     nbytes = layout.index_nbytes(spec.chunks)
     if spec.containment is not None:
         try:
@@ -57,6 +56,58 @@ def read_shard_index(
         raise ChunkError("shard path is a directory", array=spec.name, chunk=key, path=path) from exc
     finally:
         os.close(fd)
+    return parse_index(spec, raw, size, key, path)
+
+
+def remote_shard_indexes(spec: ArraySpec, shards: list[tuple[int, ...]]) -> list[np.ndarray | None]:
+    """The indexes of shards in a remote store (None where the shard does not exist), all
+    fetched at once: one range request per shard (the first or last bytes), no size query.
+    Index entries that point past the shard's end are caught when their bytes are fetched."""
+    from .remote import Request
+
+    source = spec.source
+    assert source is not None and spec.shard is not None
+    nbytes = spec.shard.index_nbytes(spec.chunks)
+    keys = [spec.chunk_key(c) for c in shards]
+    where = -nbytes, None
+    if spec.shard.index_at_start:
+        where = 0, nbytes
+    raws = source.fetch([Request(k, *where) for k in keys])
+    return [
+        None if raw is None else parse_index(spec, raw, None, key, source.location(key))
+        for key, raw in zip(keys, raws)
+    ]
+
+
+def stored_bound(decoded: int) -> int:
+    """The most bytes any codec the engine decodes stores a ``decoded``-byte chunk in (zstd,
+    LZ4, deflate and Blosc all expand incompressible data by well under 1/16, plus headers)."""
+    return decoded + decoded // 16 + 65536
+
+
+def index_range(spec: ArraySpec, size: int) -> tuple[int, int]:
+    """The bytes ``[start, end)`` of a ``size``-byte shard that hold its index."""
+    layout = spec.shard
+    assert layout is not None
+    nbytes = layout.index_nbytes(spec.chunks)
+    return (0, nbytes) if layout.index_at_start else (size - nbytes, size)
+
+
+def parse_index(spec: ArraySpec, raw: bytes, size: int | None, key: str, path: str) -> np.ndarray:
+    """Check a shard's index bytes (length, crc32c, ranges inside the ``size``-byte shard when
+    the size is known) and return it as an array of shape ``chunks_per_shard + (2,)`` of uint64."""
+    layout = spec.shard
+    assert layout is not None
+    per_shard = layout.chunks_per_shard(spec.chunks)
+    nbytes = layout.index_nbytes(spec.chunks)
+    raw = bytes(raw)
+    if size is not None and size < nbytes:
+        raise ChunkError(
+            f"shard is {size} bytes, shorter than its {nbytes}-byte index (truncated?)",
+            array=spec.name,
+            chunk=key,
+            path=path,
+        )
     if len(raw) != nbytes:
         raise ChunkError("short read of shard index", array=spec.name, chunk=key, path=path)
     if layout.index_crc32c:
@@ -70,6 +121,17 @@ def read_shard_index(
     offsets, lengths = index[..., 0], index[..., 1]
     present = offsets != EMPTY
     starts, counts = offsets[present], lengths[present]
+    if size is None:  # a remote shard: its size is not known, bound each chunk by what it can hold
+        most = stored_bound(spec.recipe.nbytes)
+        if counts.size and (counts > np.uint64(most)).any():
+            raise ChunkError(
+                f"shard index gives an inner chunk of {int(counts.max())} bytes, more than any codec "
+                f"stores a {spec.recipe.nbytes}-byte chunk in (corrupt shard)",
+                array=spec.name,
+                chunk=key,
+                path=path,
+            )
+        return index
     # room after each start, so that offset + length (which can wrap around 64 bits) is never formed
     room = np.uint64(size) - np.minimum(starts, np.uint64(size))
     if starts.size and ((starts > np.uint64(size)).any() or (counts > room).any()):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..containment import Containment, check_array
+from .remote import RemoteSource
 
 # zarr v3 codec names and numcodecs ids -> the engine's own names
 _BYTES_CODECS = {
@@ -115,6 +116,7 @@ class ArraySpec:
     zarr_array: Any
     fallback: str | None = None
     containment: Containment | None = None
+    source: RemoteSource | None = None  # a store that is not a local directory
 
     def chunk_key(self, file_coords: tuple[int, ...]) -> str:
         return self.zarr_array.metadata.encode_chunk_key(file_coords)
@@ -244,6 +246,16 @@ def store_root(array: Any) -> str | None:
     return str(root)
 
 
+def _fetches(store: Any) -> bool:
+    """True for a zarr store the engine fetches chunk bytes from itself (any store with zarr's
+    async ``get``: fsspec's, obstore's, in-memory ones)."""
+    try:
+        from zarr.abc.store import Store
+    except ImportError:
+        return False
+    return isinstance(store, Store)
+
+
 def array_spec(array: Any, name: str | None = None, containment: Containment | None = None) -> ArraySpec:
     """Describe a ``zarr.Array`` for the engine.
 
@@ -270,6 +282,10 @@ def array_spec(array: Any, name: str | None = None, containment: Containment | N
         fill = 0 if dtype.kind in "biufc" else None
     root = store_root(array)
     directory = os.path.join(root, array.path) if root is not None else ""
+    source = None
+    if root is None and _fetches(array.store):
+        source = RemoteSource(array.store, array.path, name)
+        directory = source.location("").rstrip("/")
     fallback = None
     recipe = shard = None
     try:
@@ -279,7 +295,7 @@ def array_spec(array: Any, name: str | None = None, containment: Containment | N
         fallback = "rectilinear chunk grid"
     if fallback:
         pass
-    elif root is None:
+    elif root is None and source is None:
         fallback = f"store {type(array.store).__name__} is not a local directory"
     elif dtype.kind not in _ENGINE_KINDS:
         fallback = f"dtype {dtype} is read by zarr-python"
@@ -295,5 +311,5 @@ def array_spec(array: Any, name: str | None = None, containment: Containment | N
     if fill is not None and dtype.kind in _ENGINE_KINDS:
         fill = np.asarray(fill).astype(out_dtype)[()]
     return ArraySpec(
-        name, directory, shape, out_dtype, fill, chunks, recipe, shard, array, fallback, containment
+        name, directory, shape, out_dtype, fill, chunks, recipe, shard, array, fallback, containment, source
     )

@@ -1,0 +1,276 @@
+"""Chunk bytes from stores that are not a local directory: S3, HTTP(S), GCS, memory ...
+
+The engine reads metadata through zarr's own store (``FsspecStore``, ``ObjectStore``,
+``MemoryStore``) and fetches the chunk and shard bytes it needs through the same store's
+``get``, many requests at once on zarr's event loop. What it fetched then goes through the
+same decoders, scheduler and checks as bytes read from a local file.
+
+- Concurrency: :data:`CONCURRENCY` requests in flight per read (``CUPY_XARRAY_REMOTE_CONCURRENCY``).
+- Retries: timeouts, dropped connections, truncated bodies and HTTP 408/429/500/502/503/504
+  (S3's ``SlowDown`` included) are retried :data:`RETRIES` times with exponential backoff and
+  jitter (``CUPY_XARRAY_REMOTE_RETRIES``); then a :class:`~cupy_xarray.errors.ChunkError`
+  names the object and what the last attempt got.
+- Not retried: a missing object (its chunk reads as the fill value, as in zarr-python),
+  access denied (401/403, named with a hint about credentials), and other errors.
+- Lengths: a byte range that comes back shorter or longer than asked (a server that ignores
+  ``Range``, a shard shorter than its index says) is refused, never used; a body cut short of
+  its ``Content-Length`` is retried.
+- Keys: every key fetched is checked to stay below the store's prefix (no ``..``, no URL
+  syntax such as ``?`` or ``#``), whatever the store's metadata says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..containment import UnsafeStoreError
+from ..errors import ChunkError
+
+#: requests in flight per read
+CONCURRENCY = int(os.environ.get("CUPY_XARRAY_REMOTE_CONCURRENCY", 64))
+#: attempts after the first for a transient failure
+RETRIES = int(os.environ.get("CUPY_XARRAY_REMOTE_RETRIES", 4))
+#: seconds one request may take before it counts as timed out (and is retried)
+TIMEOUT_S = float(os.environ.get("CUPY_XARRAY_REMOTE_TIMEOUT", 120))
+#: first backoff in seconds (doubled per attempt, with jitter, at most BACKOFF_MAX_S)
+BACKOFF_S = 0.1
+BACKOFF_MAX_S = 5.0
+#: inner chunks of one shard closer than this are fetched with one range request
+COALESCE_GAP = 1 << 20
+#: largest range one coalesced request asks for
+COALESCE_MAX = 64 << 20
+
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_DENIED_STATUS = frozenset({401, 403})
+_RETRY_WORDS = (
+    "SlowDown",
+    "reduce your request rate",
+    "ServiceUnavailable",
+    "RequestTimeout",
+    "InternalError",
+)
+_RETRY_TYPES = (
+    "ClientConnectionError",
+    "ClientPayloadError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+    "IncompleteReadError",
+    "ResponseStreamingError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+)
+# one key segment: what zarr's chunk key encodings and array names produce
+_SEGMENT = re.compile(r"[^\x00-\x1f\x7f?#%\\/]+")
+
+
+@dataclass(frozen=True)
+class Request:
+    """Fetch ``key`` whole (``start`` None), its bytes ``[start, end)``, or with ``start``
+    negative and ``end`` None its last ``-start`` bytes."""
+
+    key: str
+    start: int | None = None
+    end: int | None = None
+
+    @property
+    def nbytes(self) -> int | None:
+        if self.start is None:
+            return None
+        return -self.start if self.end is None else self.end - self.start
+
+    def describe(self) -> str:
+        if self.end is None:
+            return f"the last {-self.start} bytes"
+        return f"bytes {self.start}-{self.end - 1} ({self.end - self.start} bytes)"
+
+
+def check_remote_key(key: str, where: str) -> None:
+    """Refuse a key that could address an object outside the store's prefix."""
+    parts = key.split("/")
+    bad = [p for p in parts if p in ("", ".", "..") or not _SEGMENT.fullmatch(p)]
+    if bad or "://" in key:
+        raise UnsafeStoreError(
+            f"key {key!r} in {where} is not a plain key below the store's prefix ('..', '.', empty "
+            "segments and URL syntax such as '?', '#' or '%' are refused)",
+            key=key,
+        )
+
+
+def store_url(store: Any) -> str:
+    """A URL for messages: where a zarr store that is not a local directory lives."""
+    path = str(getattr(store, "path", "") or "")
+    fs = getattr(store, "fs", None)
+    if fs is not None:
+        if "://" in path:
+            return path.rstrip("/")
+        proto = fs.protocol[0] if isinstance(fs.protocol, tuple | list) else fs.protocol
+        return f"{proto}://{path}".rstrip("/")
+    inner = getattr(store, "store", None)  # obstore's store
+    if inner is not None:
+        return f"{type(inner).__name__}({getattr(inner, 'url', '') or ''})/{path}".rstrip("/")
+    return f"{type(store).__name__}:{path}".rstrip("/:")
+
+
+def _status(exc: BaseException) -> int | None:
+    for attr in ("status", "status_code", "code"):
+        v = getattr(exc, attr, None)
+        if isinstance(v, int) and 100 <= v < 600:
+            return v
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        v = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def transient(exc: BaseException) -> bool:
+    """True for failures worth another attempt: timeouts, dropped connections, 5xx, throttling."""
+    if isinstance(exc, TimeoutError | asyncio.TimeoutError | ConnectionError):
+        return True
+    status = _status(exc)
+    if status is not None:
+        return status in _RETRY_STATUS
+    names = {t.__name__ for t in type(exc).__mro__}
+    if names & set(_RETRY_TYPES):
+        return True
+    text = str(exc)
+    return any(w in text for w in _RETRY_WORDS) or bool(re.search(r"\b(500|502|503|504)\b", text))
+
+
+def _denied(exc: BaseException) -> bool:
+    return isinstance(exc, PermissionError) or _status(exc) in _DENIED_STATUS
+
+
+class RemoteSource:
+    """The chunk objects of one array in a store that is not a local directory.
+
+    Parameters
+    ----------
+    store
+        The zarr store the array was opened from.
+    prefix
+        The array's path in the store (``""`` at the root).
+    name
+        The array's name, for messages.
+    """
+
+    def __init__(self, store: Any, prefix: str, name: str) -> None:
+        self.store = store
+        self.prefix = prefix.strip("/")
+        self.name = name
+        self.url = store_url(store)
+        if self.prefix:
+            for part in self.prefix.split("/"):
+                check_remote_key(part, f"array {name!r}")
+
+    def key(self, chunk_key: str) -> str:
+        """The store key of a chunk key (checked to stay below the store's prefix)."""
+        check_remote_key(chunk_key, f"array {self.name!r}")
+        return f"{self.prefix}/{chunk_key}" if self.prefix else chunk_key
+
+    def location(self, chunk_key: str) -> str:
+        """The object's URL, for messages."""
+        return f"{self.url}/{self.prefix}/{chunk_key}" if self.prefix else f"{self.url}/{chunk_key}"
+
+    def fetch(self, requests: list[Request], chunks: list[str] | None = None) -> list[Any]:
+        """The bytes of each request (a read-only uint8 NumPy array), None where the object does
+        not exist. ``chunks``: the chunk named in each request's error (default its key)."""
+        if not requests:
+            return []
+        from zarr.core.sync import sync
+
+        return sync(self._fetch_all(requests, chunks or [r.key for r in requests]))
+
+    async def _fetch_all(self, requests: list[Request], chunks: list[str]) -> list[Any]:
+        from zarr.core.buffer import default_buffer_prototype
+
+        proto = default_buffer_prototype()
+        gate = asyncio.Semaphore(CONCURRENCY)
+
+        async def get(r: Request) -> Any:
+            from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+
+            if r.start is None:
+                byte_range = None
+            elif r.end is None:
+                byte_range = SuffixByteRequest(-r.start)
+            else:
+                byte_range = RangeByteRequest(r.start, r.end)
+            buf = await self.store.get(self.key(r.key), prototype=proto, byte_range=byte_range)
+            return None if buf is None else buf.as_numpy_array().view("u1").reshape(-1)
+
+        async def one(r: Request, chunk: str) -> Any:
+            async with gate:
+                data = await self._attempts(r.key, chunk, get, r)
+            if data is not None and r.nbytes is not None and len(data) != r.nbytes:
+                # a server that ignores Range, or an object shorter than its index says: the
+                # same answer every time, so not retried
+                raise ChunkError(
+                    f"asked the server for {r.describe()} of the object, got {len(data)} bytes "
+                    "(a server that ignores Range requests, or an object shorter than its "
+                    "shard index says)",
+                    array=self.name,
+                    chunk=chunk,
+                    path=self.location(r.key),
+                )
+            return data
+
+        return await asyncio.gather(*(one(r, c) for r, c in zip(requests, chunks)))
+
+    async def _attempts(self, key: str, chunk: str, fn, *args) -> Any:
+        """``fn(*args)`` with bounded retries of transient failures; a ChunkError after."""
+        for attempt in range(RETRIES + 1):
+            try:
+                return await asyncio.wait_for(fn(*args), TIMEOUT_S)
+            except (UnsafeStoreError, ChunkError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - classified, then re-raised naming the object
+                where = dict(array=self.name, chunk=chunk, path=self.location(key))
+                if _denied(exc):
+                    raise ChunkError(
+                        f"access denied ({type(exc).__name__}: {exc}); check the credentials "
+                        "(storage_options=, or the AWS_* / cloud provider's environment variables) and "
+                        "that they may read this object",
+                        **where,
+                    ) from exc
+                if isinstance(exc, FileNotFoundError):
+                    return None
+                if not transient(exc):
+                    raise ChunkError(
+                        f"cannot fetch the object ({type(exc).__name__}: {exc})", **where
+                    ) from exc
+                if attempt == RETRIES:
+                    what = "timed out" if isinstance(exc, TimeoutError | asyncio.TimeoutError) else "failed"
+                    raise ChunkError(
+                        f"fetching the object {what} {RETRIES + 1} times, the last with "
+                        f"{type(exc).__name__}: {exc or 'no message'} (set CUPY_XARRAY_REMOTE_RETRIES or "
+                        "CUPY_XARRAY_REMOTE_TIMEOUT for a slow server)",
+                        **where,
+                    ) from exc
+                delay = min(BACKOFF_MAX_S, BACKOFF_S * 2**attempt)
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+
+def coalesce(ranges: list[tuple[int, int]], gap: int = COALESCE_GAP, most: int = COALESCE_MAX):
+    """Merge sorted-able ``(start, end)`` ranges closer than ``gap`` into requests of at most
+    ``most`` bytes; returns ``[(start, end, [indices of the ranges it holds])]``."""
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i])
+    merged: list[tuple[int, int, list[int]]] = []
+    for i in order:
+        s, e = ranges[i]
+        if merged:
+            ms, me, members = merged[-1]
+            if s - me <= gap and max(me, e) - ms <= most:
+                merged[-1] = (ms, max(me, e), members + [i])
+                continue
+        merged.append((s, e, [i]))
+    return merged

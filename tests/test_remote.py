@@ -1,0 +1,374 @@
+"""Stores in object storage: HTTP and S3 servers on loopback, read by the engine and compared
+with engine="zarr" reading the same server; the failures a network brings."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from conftest import expected_type, module_of, run_in_threads
+
+import cupy_xarray
+from cupy_xarray.containment import UnsafeStoreError
+from cupy_xarray.engine import remote
+from cupy_xarray.errors import ChunkError, StoreError
+
+pytest.importorskip("aiohttp")
+sys.path.insert(0, os.path.dirname(__file__))
+from loopback import HTTPStores, S3Stores  # noqa: E402
+
+
+def _data(seed: int = 0) -> xr.Dataset:
+    rng = np.random.default_rng(seed)
+    smooth = np.cumsum(rng.normal(size=(24, 40, 36)), axis=2).astype("float32")
+    return xr.Dataset(
+        {
+            "tiles": (("t", "y", "x"), smooth, {"units": "K"}),
+            "zstd": (("t", "y", "x"), smooth * 2),
+            "blosc": (("t", "y", "x"), smooth + 1),
+            "gzip": (("t", "y", "x"), rng.integers(0, 50, smooth.shape).astype("int16")),
+            "sharded": (("t", "y", "x"), smooth - 1),
+            "sharded_start": (("t", "y", "x"), (smooth * 3).astype("float64")),
+        },
+        coords={"t": np.arange(24), "y": np.linspace(0, 1, 40), "x": np.arange(36) * 0.5},
+        attrs={"title": "remote"},
+    )
+
+
+_ENC = {
+    "tiles": {"chunks": (4, 16, 12), "compressors": None},
+    "zstd": {"chunks": (4, 16, 12), "compressors": [zarr.codecs.ZstdCodec(level=1)]},
+    "blosc": {"chunks": (6, 20, 36), "compressors": [zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle")]},
+    "gzip": {"chunks": (8, 40, 18), "compressors": [zarr.codecs.GzipCodec()]},
+    "sharded": {"chunks": (2, 10, 12), "shards": (8, 20, 36), "compressors": [zarr.codecs.ZstdCodec()]},
+    "sharded_start": {
+        "chunks": (4, 10, 9),
+        "shards": (8, 40, 36),
+        "serializer": zarr.codecs.ShardingCodec(
+            chunk_shape=(4, 10, 9),
+            codecs=[zarr.codecs.BytesCodec(), zarr.codecs.Crc32cCodec()],
+            index_location="start",
+        ),
+    },
+}
+
+
+def _write(root) -> str:
+    store = os.path.join(root, "s.zarr")
+    ds = _data()
+    enc = {k: dict(v) for k, v in _ENC.items()}
+    serializer = enc["sharded_start"].pop("serializer")
+    enc["sharded_start"].pop("shards")
+    enc["sharded_start"].pop("chunks")
+    ds.drop_vars("sharded_start").to_zarr(
+        store,
+        zarr_format=3,
+        consolidated=True,
+        encoding={k: v for k, v in enc.items() if k != "sharded_start"},
+    )
+    group = zarr.open_group(store, mode="a")
+    a = group.create_array(
+        "sharded_start",
+        shape=(24, 40, 36),
+        dtype="f8",
+        chunks=(8, 40, 36),
+        serializer=serializer,
+        compressors=None,
+        dimension_names=("t", "y", "x"),
+    )
+    a[:] = ds.sharded_start.values
+    _data(1)[["tiles"]].to_zarr(store, group="child", zarr_format=3, consolidated=True, mode="a")
+    zarr.consolidate_metadata(store)
+    return store
+
+
+@pytest.fixture(scope="module")
+def local_store(tmp_path_factory):
+    return _write(tmp_path_factory.mktemp("remote"))
+
+
+@pytest.fixture(scope="module")
+def http(local_store):
+    with HTTPStores(os.path.dirname(local_store)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def s3(local_store):
+    pytest.importorskip("moto")
+    pytest.importorskip("s3fs")
+    with S3Stores() as server:
+        server.url = server.put(local_store, "s.zarr")
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
+
+
+def _check_same(url, device, **options):
+    want = xr.open_dataset(url, engine="zarr", **options).load()
+    lazy = xr.open_dataset(url, engine="kvikio", device=device, **options)
+    for name in lazy.data_vars:
+        spec = lazy[name].variable._data
+        while not hasattr(spec, "spec"):
+            spec = getattr(spec, "array", None)
+        assert spec.spec.source is not None and spec.spec.fallback is None, name  # the engine's own reads
+    got = lazy.load()
+    assert module_of(got.tiles.data) == expected_type(device)
+    xr.testing.assert_identical(got.cupy.as_numpy(), want)
+    sel = dict(t=slice(3, 17), y=[0, 7, 31], x=slice(5, 30, 3))
+    xr.testing.assert_identical(
+        lazy.isel(sel).load().cupy.as_numpy(), xr.open_dataset(url, engine="zarr", **options).isel(sel).load()
+    )
+    chunked = xr.open_dataset(url, engine="kvikio", device=device, chunks={}, **options)
+    xr.testing.assert_identical(chunked.compute().cupy.as_numpy(), want)
+    xr.testing.assert_identical(
+        cupy_xarray.read_zarr_gds(url, device=device, **options).cupy.as_numpy(), want
+    )
+    tree = xr.open_datatree(url, engine="kvikio", device=device, **options).load()
+    xr.testing.assert_identical(tree.cupy.as_numpy(), xr.open_datatree(url, engine="zarr", **options).load())
+
+
+def test_http_store_identical_to_zarr(http, device):
+    _check_same(f"{http.url}/s.zarr", device)
+
+
+def test_s3_store_identical_to_zarr(s3, device):
+    _check_same(s3.url, device, storage_options=s3.options)
+
+
+def test_s3_credentials_and_endpoint_from_the_environment(s3, monkeypatch, device):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    got = xr.open_dataset(s3.url, engine="kvikio", device=device).load()
+    want = xr.open_dataset(s3.url, engine="zarr", storage_options=s3.options).load()
+    xr.testing.assert_identical(got.cupy.as_numpy(), want)
+
+
+def test_s3_anonymous_access(s3, local_store, device):
+    url = s3.put(local_store, "public.zarr", public=True, private=("zstd/c/0/0/1",))
+    options = {"endpoint_url": s3.endpoint, "anon": True}
+    ds = xr.open_dataset(url, engine="kvikio", device=device, storage_options=options)
+    want = xr.open_dataset(url, engine="zarr", storage_options=s3.options).load()
+    xr.testing.assert_identical(ds.tiles.load().cupy.as_numpy(), want.tiles)
+    # one object the anonymous user may not read: named, with the fix
+    with pytest.raises(
+        ChunkError, match=r"zstd.*c/0/0/1.*public.zarr/zstd/c/0/0/1.*access denied.*credentials"
+    ):
+        ds.zstd.load()
+
+
+def test_s3_private_store_without_credentials(s3):
+    with pytest.raises(StoreError, match=r"s3://data/s.zarr.*access denied.*credentials"):
+        xr.open_dataset(
+            s3.url, engine="kvikio", device="cpu", storage_options={"endpoint_url": s3.endpoint, "anon": True}
+        )
+
+
+def test_zarr_store_objects(http, device):
+    from zarr.storage import FsspecStore
+
+    url = f"{http.url}/s.zarr"
+    want = xr.open_dataset(url, engine="zarr").load()
+    store = FsspecStore.from_url(url, read_only=True)
+    xr.testing.assert_identical(
+        xr.open_dataset(store, engine="kvikio", device=device).load().cupy.as_numpy(), want
+    )
+    obstore = pytest.importorskip("obstore")
+    from zarr.storage import ObjectStore
+
+    obj = ObjectStore(
+        obstore.store.HTTPStore.from_url(url, client_options={"allow_http": True}), read_only=True
+    )
+    xr.testing.assert_identical(
+        xr.open_dataset(obj, engine="kvikio", device=device).load().cupy.as_numpy(), want
+    )
+
+
+def test_sharded_reads_fetch_the_index_then_coalesced_ranges(http):
+    url = f"{http.url}/s.zarr"
+    ds = xr.open_dataset(url, engine="kvikio", device="cpu")
+    want = xr.open_dataset(url, engine="zarr").sharded.isel(t=slice(0, 8), y=slice(0, 20)).load()
+    del http.requests[:]
+    got = ds.sharded.isel(t=slice(0, 8), y=slice(0, 20)).load()
+    xr.testing.assert_identical(got, want)
+    # the index (the shard's last bytes), then one range for the 12 inner chunks side by side
+    assert [(r[0], r[1]) for r in http.requests] == [("GET", "/s.zarr/sharded/c/0/0/0")] * 2, http.requests
+    index, chunks = (r[2] for r in http.requests)
+    assert index.startswith("bytes=-") and chunks.startswith("bytes=0-"), http.requests
+
+
+def test_missing_objects_read_as_fill_value(tmp_path, device):
+    store = _write(tmp_path)
+    os.remove(os.path.join(store, "zstd", "c", "1", "0", "0"))
+    os.remove(os.path.join(store, "sharded", "c", "1", "0", "0"))
+    with HTTPStores(tmp_path) as server:
+        url = f"{server.url}/s.zarr"
+        got = xr.open_dataset(url, engine="kvikio", device=device)[["zstd", "sharded"]].load()
+        want = xr.open_dataset(url, engine="zarr")[["zstd", "sharded"]].load()
+    xr.testing.assert_identical(got.cupy.as_numpy(), want)
+
+
+@pytest.mark.parametrize("fault", ["503", "500", "429", "reset", "short"])
+def test_transient_failures_are_retried(http, device, fault):
+    url = f"{http.url}/s.zarr"
+    want = xr.open_dataset(url, engine="zarr")[["zstd", "sharded"]].load()
+    ds = xr.open_dataset(url, engine="kvikio", device=device)[["zstd", "sharded"]]
+    http.faults["/zstd/c/0/0/0"] = [fault, fault]
+    http.faults["/sharded/c/0/0/0"] = [fault, fault, None, fault]  # the index, then the chunks
+    del http.requests[:]
+    try:
+        got = ds.load()
+    finally:
+        http.faults.clear()
+    xr.testing.assert_identical(got.cupy.as_numpy(), want)
+    assert sum(r[1].endswith("/zstd/c/0/0/0") for r in http.requests) == 3
+
+
+def test_a_persistent_failure_names_the_object(http, monkeypatch):
+    url = f"{http.url}/s.zarr"
+    ds = xr.open_dataset(url, engine="kvikio", device="cpu")
+    http.faults["/zstd/c/0/1/2"] = ["503"] * 20
+    del http.requests[:]
+    try:
+        with pytest.raises(ChunkError, match=r"zstd.*c/0/1/2.*s\.zarr/zstd/c/0/1/2.*failed 5 times.*503"):
+            ds.zstd.load()
+    finally:
+        http.faults.clear()
+    assert sum(r[1].endswith("/zstd/c/0/1/2") for r in http.requests) == remote.RETRIES + 1
+
+
+def test_a_range_the_server_ignores_is_never_used(http):
+    url = f"{http.url}/s.zarr"
+    ds = xr.open_dataset(url, engine="kvikio", device="cpu")
+    http.faults["/sharded/c/1/0/0"] = ["ignore-range"]
+    del http.requests[:]
+    try:
+        with pytest.raises(
+            ChunkError, match=r"sharded.*c/1/0/0.*asked the server for the last \d+ bytes.*got \d+"
+        ):
+            ds.sharded.load()
+    finally:
+        http.faults.clear()
+    assert (
+        sum(r[1].endswith("/sharded/c/1/0/0") for r in http.requests) == 1
+    )  # the same every time: not retried
+
+
+def test_timeouts_are_retried_then_named(http, monkeypatch):
+    url = f"{http.url}/s.zarr"
+    monkeypatch.setattr(remote, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(remote, "RETRIES", 1)
+    http.stall_s = 1.0
+    ds = xr.open_dataset(url, engine="kvikio", device="cpu", cache=False)
+    want = xr.open_dataset(url, engine="zarr").tiles.load()
+    http.faults["/tiles/c/0/0/0"] = ["stall"]
+    try:
+        xr.testing.assert_identical(ds.tiles.compute(), want)
+        http.faults["/tiles/c/0/0/0"] = ["stall", "stall"]
+        with pytest.raises(ChunkError, match=r"tiles/c/0/0/0.*timed out 2 times"):
+            ds.tiles.compute()
+    finally:
+        http.faults.clear()
+
+
+@pytest.mark.parametrize("status", ["403", "401"])
+def test_access_denied_names_the_object_and_credentials(http, status):
+    url = f"{http.url}/s.zarr"
+    ds = xr.open_dataset(url, engine="kvikio", device="cpu")
+    http.faults["/gzip/c/0/0/0"] = [status]
+    del http.requests[:]
+    try:
+        with pytest.raises(ChunkError, match=r"gzip/c/0/0/0.*access denied.*credentials"):
+            ds.gzip.load()
+    finally:
+        http.faults.clear()
+    assert sum(r[1].endswith("/gzip/c/0/0/0") for r in http.requests) == 1  # not retried
+
+
+def test_truncated_objects_are_refused(tmp_path, device):
+    store = _write(tmp_path)
+    for name in ("tiles", "zstd"):
+        path = os.path.join(store, name, "c", "0", "0", "1")
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+    with HTTPStores(tmp_path) as server:
+        ds = xr.open_dataset(f"{server.url}/s.zarr", engine="kvikio", device=device)
+        with pytest.raises(ChunkError, match=r"tiles.*c/0/0/1.*expected"):
+            ds.tiles.load()
+        with pytest.raises(ChunkError, match=r"zstd.*c/0/0/1"):
+            ds.zstd.load()
+
+
+def test_keys_cannot_leave_the_store_prefix():
+    for key in (
+        "../x",
+        "a/../../x",
+        "c/0?x=1",
+        "c/0#frag",
+        "c/%2e%2e/x",
+        "/abs",
+        "a//b",
+        "./c",
+        "http://h/x",
+    ):
+        with pytest.raises(UnsafeStoreError, match="below the store's prefix"):
+            remote.check_remote_key(key, "array 'a'")
+    for key in ("c/0/1/2", "0.0.1", "température/c/0", "a-b_c.d/0"):
+        remote.check_remote_key(key, "array 'a'")
+
+
+@pytest.mark.parametrize("name", ["../escape", "a#b", "q?x=1", "%2e%2e"])
+def test_consolidated_metadata_naming_an_outside_array_is_refused(tmp_path, name):
+    """Member names from the store's metadata cannot address other objects on the server."""
+    import json
+
+    store = _write(tmp_path)
+    meta_path = os.path.join(store, "zarr.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    members = meta["consolidated_metadata"]["metadata"]
+    members[name] = members["tiles"]
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    with HTTPStores(tmp_path) as server:
+        # zarr-python itself refuses '..'; the engine refuses URL syntax before any fetch
+        with pytest.raises(StoreError, match=r"below the store's prefix|No group found"):
+            xr.open_dataset(f"{server.url}/s.zarr", engine="kvikio", device="cpu").load()
+        assert not any("/c/" in r[1] for r in server.requests), server.requests
+
+
+def test_transient_classification():
+    from botocore.exceptions import ClientError
+
+    slow = ClientError(
+        {"Error": {"Code": "SlowDown", "Message": "Please reduce your request rate."}}, "GetObject"
+    )
+    assert remote.transient(slow)
+    assert remote.transient(TimeoutError())
+    assert remote.transient(ConnectionResetError())
+    assert not remote.transient(ValueError("bad"))
+    assert not remote.transient(FileNotFoundError("x"))
+
+
+def test_concurrent_reads_in_threads(http, device):
+
+    url = f"{http.url}/s.zarr"
+    want = xr.open_dataset(url, engine="zarr").load()
+    ds = xr.open_dataset(url, engine="kvikio", device=device)
+    names = list(want.data_vars)
+
+    def work(k):
+        name = names[k % len(names)]
+        sel = dict(t=slice(k % 5, 20), x=slice(0, 36, 1 + k % 3))
+        got = ds[name].isel(sel).load().cupy.as_numpy()
+        xr.testing.assert_identical(got, want[name].isel(sel))
+
+    assert run_in_threads(work, 12) == []
