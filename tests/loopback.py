@@ -213,3 +213,17 @@ class S3Stores:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def main() -> None:
+    """``python tests/loopback.py ROOT``: serve ROOT over HTTP, print the URL, run until killed
+    (a server in its own process, so that it does not share a client's interpreter lock)."""
+    import sys
+
+    server = HTTPStores(sys.argv[1])
+    print(server.url, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
