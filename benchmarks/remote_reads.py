@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from read_patterns import best_of, median_latency, sync
+from read_patterns import best_of, median_latency
 from read_throughput import run_meta, smooth_field
 
 SIDE = 2048
@@ -122,7 +122,8 @@ def eager_paths(url: str) -> dict:
             return zarr.open_array(FsspecStore.from_url(f"{url}/field", read_only=True), mode="r")[:]
 
     def fsspec_cpu():
-        return cupy.asarray(zarr.open_array(FsspecStore.from_url(f"{url}/field", read_only=True), mode="r")[:])
+        store = FsspecStore.from_url(f"{url}/field", read_only=True)
+        return cupy.asarray(zarr.open_array(store, mode="r")[:])
 
     paths = {"engine (GPU)": engine, "engine device=cpu": engine_cpu, "zarr GPU mode": zarr_gpu,
              "zarr CPU (fsspec) + asarray": fsspec_cpu}  # fmt: skip
@@ -150,7 +151,8 @@ def dask_paths(url: str, chunk_t: int) -> dict:
         return xr.open_dataset(url, engine="kvikio", chunks={})["field"].data.compute()
 
     def big():
-        return xr.open_dataset(url, engine="kvikio", chunks={"t": chunk_t, "y": -1, "x": -1})["field"].data.compute()
+        ds = xr.open_dataset(url, engine="kvikio", chunks={"t": chunk_t, "y": -1, "x": -1})
+        return ds["field"].data.compute()
 
     return {"dask chunks={}": own, "dask 256MiB": big}
 
@@ -226,18 +228,19 @@ def table(results: list[dict]) -> None:
     for r in results:
         p = r["paths"]
 
-        def g(label):
+        def g(label, p=p):
             return p.get(label, {}).get("GBps", float("nan"))
 
         ceil = max(g("ceiling: fsspec GETs"), g("ceiling: engine fetch"))
         eng = g("engine (GPU)")
         lat = r.get("latency_ms", {})
+        nan = float("nan")
         print(
             f"| {r['store']} | {ceil:.2f} | {eng:.2f} | {eng / ceil:.2f} | {g('zarr GPU mode'):.2f} | "
             f"{eng / g('zarr GPU mode'):.2f} | {g('zarr CPU (fsspec) + asarray'):.2f} | "
             f"{g('zarr CPU (obstore) + asarray'):.2f} | {g('dask chunks={}') / eng:.2f} | "
             f"{g('dask 256MiB') / eng:.2f} | {p.get('engine (GPU)', {}).get('peak_x', float('nan')):.2f} | "
-            f"{lat.get('engine one chunk', float('nan')):.1f} / {lat.get('zarr GPU one chunk', float('nan')):.1f} |"
+            f"{lat.get('engine one chunk', nan):.1f} / {lat.get('zarr GPU one chunk', nan):.1f} |"
         )
 
 
@@ -262,9 +265,9 @@ def main() -> None:
         for name in specs:
             path = args.dir / name.replace(" ", "_")
             results.append(measure(name, path, f"{base}/{path.name}", args))
+            if args.json:  # after every store: a run cut short keeps what it measured
+                args.json.write_text(json.dumps({"meta": run_meta(), "rows": results}, indent=1, default=str))
     table(results)
-    if args.json:
-        args.json.write_text(json.dumps({"meta": run_meta(), "rows": results}, indent=1, default=str))
 
 
 if __name__ == "__main__":
