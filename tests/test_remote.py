@@ -372,3 +372,47 @@ def test_concurrent_reads_in_threads(http, device):
         xr.testing.assert_identical(got, want[name].isel(sel))
 
     assert run_in_threads(work, 12) == []
+
+
+@pytest.mark.parametrize("wave", [1, 40_000, 200_000])
+def test_large_reads_fetch_in_waves(tmp_path, monkeypatch, device, wave):
+    """Reads larger than a wave are fetched wave by wave while earlier waves decode: the same
+    result, missing chunks filled, shard indexes fetched once, small outputs over many chunks."""
+    from cupy_xarray.engine import reader
+
+    monkeypatch.setattr(reader, "WAVE_BYTES", wave)
+    store = _write(tmp_path)
+    os.remove(os.path.join(store, "zstd", "c", "1", "0", "0"))
+    os.remove(os.path.join(store, "sharded", "c", "1", "0", "0"))
+    with HTTPStores(tmp_path) as server:
+        url = f"{server.url}/s.zarr"
+        want = xr.open_dataset(url, engine="zarr").load()
+        ds = xr.open_dataset(url, engine="kvikio", device=device, cache=False)
+        del server.requests[:]
+        xr.testing.assert_identical(ds.compute().cupy.as_numpy(), want)
+        index_reads = [
+            r for r in server.requests if "/sharded/" in r[1] and (r[2] or "").startswith("bytes=-")
+        ]
+        assert len(index_reads) == 6  # one per shard (3 x 2 x 1), whatever the waves
+        del server.requests[:]
+        xr.testing.assert_identical(ds.sharded.compute().cupy.as_numpy(), want.sharded)
+        assert not [r for r in server.requests if (r[2] or "").startswith("bytes=-")]  # kept
+        sel = dict(y=3, x=slice(4, 6))  # a small output from every chunk along t
+        xr.testing.assert_identical(ds.isel(sel).compute().cupy.as_numpy(), want.isel(sel))
+
+
+def test_a_failure_in_a_later_wave_is_raised(http, monkeypatch, device):
+    from cupy_xarray.engine import reader
+
+    monkeypatch.setattr(reader, "WAVE_BYTES", 20_000)
+    url = f"{http.url}/s.zarr"
+    ds = xr.open_dataset(url, engine="kvikio", device=device, cache=False)
+    http.faults["/zstd/c/5/2/2"] = ["403"]
+    try:
+        with pytest.raises(ChunkError, match=r"zstd/c/5/2/2.*access denied"):
+            ds.zstd.compute()
+    finally:
+        http.faults.clear()
+    xr.testing.assert_identical(
+        ds.zstd.compute().cupy.as_numpy(), xr.open_dataset(url, engine="zarr").zstd.load()
+    )

@@ -29,7 +29,7 @@ from .decoders import decode_choice, decode_group, decodes_through_scratch, stre
 from .io import ReadOp
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
 from .scatter import copy_bytes as _copy_bytes
-from .scatter import place_chunk
+from .scatter import place_chunk, scatter
 from .schedule import Decision, Scheduler, fixed_route, learn, stream_kind
 from .shards import EMPTY, read_shard_index, remote_shard_indexes
 from .spec import ArraySpec
@@ -143,7 +143,8 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
 def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
     """Find each piece's bytes; return (tasks, number of missing chunks)."""
     if spec.source is not None:
-        return _fetch(spec, pieces, out)
+        tasks, missing_pieces = _fetch(spec, pieces, out)
+        return tasks, len(missing_pieces)
     tasks: list[_Task] = []
     missing = 0
     checked: set[str] = set()  # directories already checked to stay inside the store root
@@ -181,31 +182,37 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
     return tasks, missing
 
 
-def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
+def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | None = None):
     """:func:`_locate` for a remote store: fetch the pieces' objects (whole chunks; for sharded
-    arrays the shards' indexes, then their inner chunks' ranges, neighbours coalesced)."""
+    arrays the shards' indexes, then their inner chunks' ranges, neighbours coalesced).
+    Returns (tasks, the pieces whose chunks do not exist). ``indexes``: shard indexes already
+    fetched (filled in; default the source's own, kept while the dataset is open)."""
     from .remote import Request, coalesce
 
     source = spec.source
     tasks: list[_Task] = []
+    missing: list[ChunkPiece] = []
     if spec.shard is None:
         keys = [spec.chunk_key(p.coords) for p in pieces]
         blobs = source.fetch([Request(k) for k in keys])
         for p, key, blob in zip(pieces, keys, blobs):
-            if blob is not None:
+            if blob is None:
+                missing.append(p)
+            else:
                 tasks.append(_Task(out, spec, p, source.location(key), key, 0, len(blob), blob=blob))
-        return tasks, len(pieces) - len(tasks)
+        return tasks, missing
     per_shard = spec.shard.chunks_per_shard(spec.chunks)
     shard_of = [tuple(c // n for c, n in zip(p.coords, per_shard)) for p in pieces]
-    shards = list(dict.fromkeys(shard_of))
-    indexes = dict(zip(shards, remote_shard_indexes(spec, shards)))
+    indexes = source.shard_indexes if indexes is None else indexes
+    new = [sh for sh in dict.fromkeys(shard_of) if (id(spec), sh) not in indexes]
+    for sh, index in zip(new, remote_shard_indexes(spec, new)):
+        source.remember(indexes, (id(spec), sh), index)
     wanted: dict[tuple[int, ...], list[tuple[ChunkPiece, int, int, str]]] = {}
-    missing = 0
     for p, shard in zip(pieces, shard_of):
         local = tuple(c % n for c, n in zip(p.coords, per_shard))
-        index = indexes[shard]
+        index = indexes[id(spec), shard]
         if index is None or index[local + (0,)] == EMPTY:
-            missing += 1
+            missing.append(p)
             continue
         offset, nbytes = (int(v) for v in index[local])
         key = f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
@@ -215,7 +222,7 @@ def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
         for start, end, held in coalesce([(o, o + n) for _, o, n, _ in items]):
             requests.append(Request(spec.chunk_key(shard), start, end))
             members.append((shard, start, held))
-    blobs = source.fetch(requests)
+    blobs = source.fetch(requests, [wanted[sh][held[0]][3] for sh, _, held in members])
     for (shard, start, held), blob, req in zip(members, blobs, requests):
         for i in held:
             p, offset, nbytes, key = wanted[shard][i]
@@ -230,6 +237,37 @@ def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
                 _Task(out, spec, p, source.location(req.key), key, offset - start, nbytes, blob=blob)
             )
     return tasks, missing
+
+
+#: a remote read of more than this many decoded bytes is fetched in waves of about this size,
+#: each decoded while the next ones are fetched (and at most WAVES_AHEAD + 1 held in host memory)
+WAVE_BYTES = 128 * 2**20
+WAVES_AHEAD = 3
+
+
+def _waves(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]]) -> list[list]:
+    """Split the pieces of remote requests into waves of about :data:`WAVE_BYTES` (decoded)."""
+    waves: list[list] = []
+    cur: list = []
+    size = 0
+    for i, spec, pieces in remote:
+        chunk = spec.recipe.nbytes
+        for p in pieces:
+            if cur and size + chunk > WAVE_BYTES:
+                waves.append(cur)
+                cur, size = [], 0
+            if cur and cur[-1][0] == i:
+                cur[-1][2].append(p)
+            else:
+                cur.append((i, spec, [p]))
+            size += chunk
+    if cur:
+        waves.append(cur)
+    return waves
+
+
+def _fetch_wave(wave: list) -> list:
+    return [(i, spec, *_fetch(spec, pieces, i)) for i, spec, pieces in wave]
 
 
 def _plan_direct(task: _Task, out_shape: tuple[int, ...]) -> None:
@@ -332,7 +370,7 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
     for t, off in zip(staged, offsets):
         t.data = staging[off : off + t.nbytes]
         t.stage = off
-        ops.append(ReadOp(t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key))
+        ops.append(ReadOp(t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key, t.blob))
     flat: dict[int, Any] = {}
     for t in batch:
         if t.direct is not None:
@@ -664,6 +702,7 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
     outs: list[Any] = [None] * len(normalized)
     tasks: list[_Task] = []
     filled: set[int] = set()  # outputs with missing chunks: filled with the fill value first
+    remote: list[tuple[int, ArraySpec, list[ChunkPiece]]] = []  # fetched in waves
     for i, (spec, nsel) in enumerate(normalized):
         if log.isEnabledFor(logging.DEBUG):
             log.debug(describe(spec, device, decode))
@@ -673,6 +712,10 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
             continue
         oshape = output_shape(nsel, spec.shape)
         pieces = plan_chunks(nsel, spec.shape, spec.chunks)
+        if spec.source is not None and len(pieces) * spec.recipe.nbytes > WAVE_BYTES:
+            remote.append((i, spec, pieces))
+            outs[i] = device.empty(oshape, spec.dtype)
+            continue
         found, missing = _locate(spec, pieces, i)
         if missing:
             filled.add(i)
@@ -686,21 +729,81 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
             _plan_target(t, out_bytes)
         tasks.extend(found)
     clock.lap("plan")
-    if not tasks:
+    if not tasks and not remote:
         return outs
-    limit = _staging_limit(outs, batch_bytes, decode)
-    batched, on_host, decisions = _routes(tasks, device, decode, scheduler, limit)
-    batches = _batches(batched, limit) if batched else []
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         total = sum(t.direct[1] if t.direct else t.nbytes for t in tasks)
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading")
+    run = dict(
+        device=device, batch_bytes=batch_bytes, decode=decode, scheduler=scheduler, clock=clock, bar=bar
+    )
+    try:
+        if tasks:
+            _execute(tasks, outs, normalized, filled, **run)
+        if remote:
+            _execute_waves(remote, outs, normalized, **run)
+    finally:
+        if bar is not None:
+            bar.close()
+        last_read_stats.clear()
+        last_read_stats.update(clock.stats)
+        log.debug("read phases (s): %s", {k: round(v, 4) for k, v in clock.stats.items()})
+    return outs
+
+
+def _execute_waves(remote, outs, normalized, *, device, clock, bar, **run) -> None:
+    """Fetch large remote reads in waves on one thread, each wave decoded while the next ones
+    are fetched (:data:`WAVE_BYTES`, :data:`WAVES_AHEAD`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    waves = iter(_waves(remote))
+    ahead: list = []
+    fetcher = ThreadPoolExecutor(1, thread_name_prefix="cupy-xarray-fetch")
+
+    def more() -> None:
+        wave = next(waves, None)
+        if wave is not None:
+            ahead.append(fetcher.submit(_fetch_wave, wave))
+
+    try:
+        for _ in range(WAVES_AHEAD + 1):
+            more()
+        while ahead:
+            fetched = ahead.pop(0).result()
+            more()
+            clock.lap("fetch wait")
+            tasks: list[_Task] = []
+            for i, spec, found, missing in fetched:
+                for p in missing:
+                    scatter(device.xp, outs[i], p.out_sel, spec.fill_value)
+                out_bytes = _bytes_of(outs[i])
+                for t in found:
+                    _check_size(t)
+                    _plan_direct(t, outs[i].shape)
+                    _plan_target(t, out_bytes)
+                tasks.extend(found)
+            if bar is not None:
+                bar.total += sum(t.direct[1] if t.direct else t.nbytes for t in tasks)
+                bar.refresh()
+            if tasks:
+                _execute(tasks, outs, normalized, None, device=device, clock=clock, bar=bar, **run)
+    finally:
+        fetcher.shutdown(wait=False, cancel_futures=True)
+
+
+def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, scheduler, clock, bar) -> None:
+    """Read, decode and place located tasks into their outputs. ``filled``: the outputs with
+    missing chunks (None: small reads are not assembled on the host)."""
+    limit = _staging_limit(outs, batch_bytes, decode)
+    batched, on_host, decisions = _routes(tasks, device, decode, scheduler, limit)
+    batches = _batches(batched, limit) if batched else []
     pending: list = []
     jobs = None
     try:
-        twins = _host_twins(normalized, outs, filled, on_host, batches, device)
+        twins = None if filled is None else _host_twins(normalized, outs, filled, on_host, batches, device)
         # reads of the host route alone need no session (kvikio's setup costs every dask task)
         with device.io.session(device.threads) if batches else contextlib.nullcontext() as session:
             try:
@@ -746,9 +849,3 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
         pending.clear()
         for t in tasks:
             t.release()
-        if bar is not None:
-            bar.close()
-        last_read_stats.clear()
-        last_read_stats.update(clock.stats)
-        log.debug("read phases (s): %s", {k: round(v, 4) for k, v in clock.stats.items()})
-    return outs

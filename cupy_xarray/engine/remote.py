@@ -15,6 +15,9 @@ same decoders, scheduler and checks as bytes read from a local file.
 - Lengths: a byte range that comes back shorter or longer than asked (a server that ignores
   ``Range``, a shard shorter than its index says) is refused, never used; a body cut short of
   its ``Content-Length`` is retried.
+- Shards: each shard's index is fetched with one range request (its first or last bytes) and
+  kept while the array is open; the inner chunks a read needs are fetched with range requests,
+  neighbours closer than :data:`COALESCE_GAP` merged into one.
 - Keys: every key fetched is checked to stay below the store's prefix (no ``..``, no URL
   syntax such as ``?`` or ``#``), whatever the store's metadata says.
 """
@@ -40,6 +43,8 @@ TIMEOUT_S = float(os.environ.get("CUPY_XARRAY_REMOTE_TIMEOUT", 120))
 #: first backoff in seconds (doubled per attempt, with jitter, at most BACKOFF_MAX_S)
 BACKOFF_S = 0.1
 BACKOFF_MAX_S = 5.0
+#: shard indexes kept per array
+MAX_CACHED_INDEXES = 4096
 #: inner chunks of one shard closer than this are fetched with one range request
 COALESCE_GAP = 1 << 20
 #: largest range one coalesced request asks for
@@ -167,9 +172,18 @@ class RemoteSource:
         self.prefix = prefix.strip("/")
         self.name = name
         self.url = store_url(store)
+        #: shard indexes already fetched, kept while the array is open: a dask task of one inner
+        #: chunk then makes one request, not two (reopen the dataset after the store changes)
+        self.shard_indexes: dict = {}
         if self.prefix:
             for part in self.prefix.split("/"):
                 check_remote_key(part, f"array {name!r}")
+
+    def remember(self, cache: dict, key: Any, value: Any) -> None:
+        """Keep ``value`` in ``cache`` (at most :data:`MAX_CACHED_INDEXES` entries)."""
+        if len(cache) >= MAX_CACHED_INDEXES:
+            cache.clear()
+        cache[key] = value
 
     def key(self, chunk_key: str) -> str:
         """The store key of a chunk key (checked to stay below the store's prefix)."""
