@@ -62,8 +62,14 @@ def copy_blob(op: ReadOp) -> None:
     src = op.blob[op.offset : op.offset + op.nbytes]
     if isinstance(op.dest, np.ndarray):
         op.dest[: op.nbytes] = src
-    else:
-        op.dest[: op.nbytes].set(src)
+    elif op.nbytes:
+        import cupy
+
+        # a synchronous copy on the legacy default stream, which the readers' (blocking)
+        # streams wait for: done before this returns, on any thread
+        src = np.ascontiguousarray(src)
+        rt = cupy.cuda.runtime
+        rt.memcpy(op.dest.data.ptr, src.ctypes.data, op.nbytes, rt.memcpyHostToDevice)
 
 
 def _pread_into(op: ReadOp) -> None:
@@ -211,13 +217,15 @@ class _KvikioPending:
         first = None
         for f, fut, op in self._items:
             try:
-                if fut is not None:
+                if f is None:
+                    fut.result()
+                elif fut is not None:
                     n = fut.get()
                     if n != op.nbytes and first is None:
                         first = _error(op, f"read {n} of {op.nbytes} bytes (truncated?)")
             except Exception as exc:  # noqa: BLE001 - re-raised with the chunk named
                 if first is None:
-                    first = _error(op, f"kvikio read failed: {exc}")
+                    first = exc if isinstance(exc, ChunkError) else _error(op, f"kvikio read failed: {exc}")
             finally:
                 if f is not None:
                     f.close()
@@ -231,14 +239,17 @@ class _KvikioPending:
 
 
 class _KvikioSession:
+    def __init__(self, threads: int) -> None:
+        self._threads = threads
+
     def submit(self, ops: list[ReadOp]) -> _KvikioPending:
         import kvikio
 
         items = []
         try:
             for op in ops:
-                if op.blob is not None:
-                    copy_blob(op)
+                if op.blob is not None:  # fetched bytes: copied to the device on CPU threads
+                    items.append((None, _posix_pool(self._threads).submit(copy_blob, op), op))
                     continue
                 try:
                     f = kvikio.CuFile(op.path, "r")
@@ -276,6 +287,6 @@ class KvikioIO:
             raise MissingGPUPackageError(f"kvikio is not installed; {_EXTRA_HINT}") from exc
         _kvikio_enter(threads)
         try:
-            yield _KvikioSession()
+            yield _KvikioSession(threads)
         finally:
             _kvikio_exit()
