@@ -240,9 +240,12 @@ def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | 
 
 
 #: a remote read of more than this many decoded bytes is fetched in waves of about this size,
-#: each decoded while the next ones are fetched (and at most WAVES_AHEAD + 1 held in host memory)
+#: each decoded while the next ones are fetched
 WAVE_BYTES = 128 * 2**20
+#: waves fetched at once beside the one decoding: at least this many, more where waves hold few
+#: chunks (so that about CONCURRENCY requests stay in flight), at most FETCH_AHEAD_BYTES of them
 WAVES_AHEAD = 3
+FETCH_AHEAD_BYTES = 2 * 2**30
 
 
 def _waves(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]]) -> list[list]:
@@ -266,8 +269,34 @@ def _waves(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]]) -> list[list]:
     return waves
 
 
-def _fetch_wave(wave: list) -> list:
-    return [(i, spec, *_fetch(spec, pieces, i)) for i, spec, pieces in wave]
+def _fetch_wave(wave: list, indexes: dict) -> list:
+    return [(i, spec, *_fetch(spec, pieces, i, indexes)) for i, spec, pieces in wave]
+
+
+def _shard_indexes(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]]) -> dict:
+    """The indexes of every shard the remote requests touch, fetched at once before the waves
+    (waves fetched side by side would otherwise each fetch the indexes they share)."""
+    indexes: dict = {}
+    for _, spec, pieces in remote:
+        if spec.shard is None:
+            continue
+        per_shard = spec.shard.chunks_per_shard(spec.chunks)
+        shards = dict.fromkeys(tuple(c // n for c, n in zip(p.coords, per_shard)) for p in pieces)
+        cache = spec.source.shard_indexes
+        new = []
+        for sh in shards:
+            index = cache.get((id(spec), sh), _UNKNOWN)
+            if index is _UNKNOWN:
+                new.append(sh)
+            else:
+                indexes[id(spec), sh] = index
+        for sh, index in zip(new, remote_shard_indexes(spec, new)):
+            indexes[id(spec), sh] = index
+            spec.source.remember(cache, (id(spec), sh), index)
+    return indexes
+
+
+_UNKNOWN = object()
 
 
 def _plan_direct(task: _Task, out_shape: tuple[int, ...]) -> None:
@@ -759,17 +788,25 @@ def _execute_waves(remote, outs, normalized, *, device, clock, bar, **run) -> No
     are fetched (:data:`WAVE_BYTES`, :data:`WAVES_AHEAD`)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    waves = iter(_waves(remote))
+    from .remote import CONCURRENCY
+
+    indexes = _shard_indexes(remote)
+    planned = _waves(remote)
+    per_wave = sum(len(pieces) for wave in planned for _, _, pieces in wave) / len(planned)
+    depth = max(WAVES_AHEAD, math.ceil(CONCURRENCY / per_wave))
+    depth = max(1, min(depth, FETCH_AHEAD_BYTES // WAVE_BYTES, len(planned) - 1))
+    waves = iter(planned)
     ahead: list = []
-    fetcher = ThreadPoolExecutor(1, thread_name_prefix="cupy-xarray-fetch")
+    # one thread per wave in flight: their fetches overlap on zarr's event loop
+    fetcher = ThreadPoolExecutor(depth + 1, thread_name_prefix="cupy-xarray-fetch")
 
     def more() -> None:
         wave = next(waves, None)
         if wave is not None:
-            ahead.append(fetcher.submit(_fetch_wave, wave))
+            ahead.append(fetcher.submit(_fetch_wave, wave, indexes))
 
     try:
-        for _ in range(WAVES_AHEAD + 1):
+        for _ in range(depth + 1):
             more()
         while ahead:
             fetched = ahead.pop(0).result()
