@@ -203,14 +203,21 @@ def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | 
         return tasks, missing
     per_shard = spec.shard.chunks_per_shard(spec.chunks)
     shard_of = [tuple(c // n for c, n in zip(p.coords, per_shard)) for p in pieces]
-    indexes = source.shard_indexes if indexes is None else indexes
-    new = [sh for sh in dict.fromkeys(shard_of) if (id(spec), sh) not in indexes]
+    cache = source.shard_indexes if indexes is None else indexes
+    known, new = {}, []
+    for sh in dict.fromkeys(shard_of):
+        index = cache.get((id(spec), sh), _UNKNOWN)
+        if index is _UNKNOWN:
+            new.append(sh)
+        else:
+            known[sh] = index
     for sh, index in zip(new, remote_shard_indexes(spec, new)):
-        source.remember(indexes, (id(spec), sh), index)
+        known[sh] = index
+        source.remember(cache, (id(spec), sh), index)
     wanted: dict[tuple[int, ...], list[tuple[ChunkPiece, int, int, str]]] = {}
     for p, shard in zip(pieces, shard_of):
         local = tuple(c % n for c, n in zip(p.coords, per_shard))
-        index = indexes[id(spec), shard]
+        index = known[shard]
         if index is None or index[local + (0,)] == EMPTY:
             missing.append(p)
             continue
