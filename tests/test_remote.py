@@ -397,6 +397,12 @@ def test_large_reads_fetch_in_waves(tmp_path, monkeypatch, device, wave):
         del server.requests[:]
         xr.testing.assert_identical(ds.sharded.compute().cupy.as_numpy(), want.sharded)
         assert not [r for r in server.requests if (r[2] or "").startswith("bytes=-")]  # kept
+        # a table of kept indexes smaller than the read's shards: refilled, never misread
+        monkeypatch.setattr(remote, "MAX_CACHED_INDEXES", 2)
+        fresh = xr.open_dataset(url, engine="kvikio", device=device, cache=False)
+        for _ in range(2):
+            xr.testing.assert_identical(fresh.sharded.compute().cupy.as_numpy(), want.sharded)
+        xr.testing.assert_identical(fresh.sharded.isel(t=9).compute().cupy.as_numpy(), want.sharded.isel(t=9))
         sel = dict(y=3, x=slice(4, 6))  # a small output from every chunk along t
         xr.testing.assert_identical(ds.isel(sel).compute().cupy.as_numpy(), want.isel(sel))
 
