@@ -11,9 +11,10 @@ a sharded store of 1 MiB zstd tiles in 64 MiB shards) are served by ``tests/loop
 HTTP server in its own process. For each store, in one run:
 
 - the ceiling: every chunk object fetched with parallel GETs through fsspec's HTTP client
-  (the client zarr and the engine use), nothing decoded; and the same bytes through the
-  engine's own fetcher;
-- eager loads: ``engine="kvikio"`` (GPU, ``decode="auto"``); zarr's GPU mode over
+  (the client zarr uses), nothing decoded; and the same bytes through the engine's fetcher
+  (threads, ``http.client``); the higher of the two is the ceiling;
+- eager loads: ``engine="kvikio"`` (GPU, ``decode="auto"``), also with the engine fetching
+  through fsspec's client; zarr's GPU mode over
   ``FsspecStore``; zarr on the CPU + ``cupy.asarray`` over fsspec and over obstore;
 - dask: ``chunks={}`` and 256 MiB chunks, ``.compute()``;
 - latency of a one-chunk selection, engine and zarr's GPU mode.
@@ -114,6 +115,15 @@ def eager_paths(url: str) -> dict:
     def engine():
         return xr.open_dataset(url, engine="kvikio")["field"].data
 
+    def engine_aiohttp():
+        from cupy_xarray.engine import remote
+
+        remote.THREADED_HTTP = False  # the store's own client (fsspec, aiohttp)
+        try:
+            return xr.open_dataset(url, engine="kvikio")["field"].data
+        finally:
+            remote.THREADED_HTTP = True
+
     def engine_cpu():
         return xr.open_dataset(url, engine="kvikio", device="cpu")["field"].data
 
@@ -125,7 +135,8 @@ def eager_paths(url: str) -> dict:
         store = FsspecStore.from_url(f"{url}/field", read_only=True)
         return cupy.asarray(zarr.open_array(store, mode="r")[:])
 
-    paths = {"engine (GPU)": engine, "engine device=cpu": engine_cpu, "zarr GPU mode": zarr_gpu,
+    paths = {"engine (GPU)": engine, "engine (GPU), fsspec client": engine_aiohttp,
+             "engine device=cpu": engine_cpu, "zarr GPU mode": zarr_gpu,
              "zarr CPU (fsspec) + asarray": fsspec_cpu}  # fmt: skip
     try:
         import obstore

@@ -139,6 +139,26 @@ def test_http_store_identical_to_zarr(http, device):
     _check_same(f"{http.url}/s.zarr", device)
 
 
+def test_http_store_through_the_stores_own_client(http, monkeypatch, device):
+    """Plain HTTP(S) stores are fetched on threads; with that off, through fsspec's client."""
+    from cupy_xarray.engine.http import HTTPFetcher
+
+    url = f"{http.url}/s.zarr"
+    ds = xr.open_dataset(url, engine="kvikio", device=device)
+    assert isinstance(ds.zstd.variable._data.array.array.array.spec.source.http, HTTPFetcher)
+    monkeypatch.setattr(remote, "THREADED_HTTP", False)
+    ds = xr.open_dataset(url, engine="kvikio", device=device)
+    assert ds.zstd.variable._data.array.array.array.spec.source.http is None
+    xr.testing.assert_identical(ds.load().cupy.as_numpy(), xr.open_dataset(url, engine="zarr").load())
+    # options only fsspec's client knows keep its fetches
+    opts = {"client_kwargs": {"trust_env": False}}
+    ds = xr.open_dataset(url, engine="kvikio", device=device, storage_options=opts)
+    monkeypatch.setattr(remote, "THREADED_HTTP", True)
+    ds = xr.open_dataset(url, engine="kvikio", device=device, storage_options=opts)
+    assert ds.zstd.variable._data.array.array.array.spec.source.http is None
+    xr.testing.assert_identical(ds.load().cupy.as_numpy(), xr.open_dataset(url, engine="zarr").load())
+
+
 def test_s3_store_identical_to_zarr(s3, device):
     _check_same(s3.url, device, storage_options=s3.options)
 

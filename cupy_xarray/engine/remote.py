@@ -28,12 +28,16 @@ import asyncio
 import os
 import random
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..containment import UnsafeStoreError
 from ..errors import ChunkError
 
+#: fetch plain HTTP(S) stores on threads (:mod:`.http`) rather than through the store's
+#: event loop; ``CUPY_XARRAY_THREADED_HTTP=0`` turns it off
+THREADED_HTTP = os.environ.get("CUPY_XARRAY_THREADED_HTTP", "1") != "0"
 #: requests in flight per read
 CONCURRENCY = int(os.environ.get("CUPY_XARRAY_REMOTE_CONCURRENCY", 64))
 #: attempts after the first for a transient failure
@@ -70,6 +74,9 @@ _RETRY_TYPES = (
     "ConnectTimeoutError",
     "EndpointConnectionError",
     "ConnectionClosedError",
+    "IncompleteRead",
+    "BadStatusLine",
+    "RemoteDisconnected",
 )
 # one key segment: what zarr's chunk key encodings and array names produce
 _SEGMENT = re.compile(r"[^\x00-\x1f\x7f?#%\\/]+")
@@ -172,6 +179,9 @@ class RemoteSource:
         self.prefix = prefix.strip("/")
         self.name = name
         self.url = store_url(store)
+        from .http import fetcher_for
+
+        self.http = fetcher_for(store) if THREADED_HTTP else None  # plain HTTP(S): threads
         #: shard indexes already fetched, kept while the array is open: a dask task of one inner
         #: chunk then makes one request, not two (reopen the dataset after the store changes)
         self.shard_indexes: dict = {}
@@ -199,9 +209,12 @@ class RemoteSource:
         not exist. ``chunks``: the chunk named in each request's error (default its key)."""
         if not requests:
             return []
+        chunks = chunks or [r.key for r in requests]
+        if self.http is not None:
+            return self.http.fetch_all(list(zip(requests, chunks)), self._attempts_threaded)
         from zarr.core.sync import sync
 
-        return sync(self._fetch_all(requests, chunks or [r.key for r in requests]))
+        return sync(self._fetch_all(requests, chunks))
 
     async def _fetch_all(self, requests: list[Request], chunks: list[str]) -> list[Any]:
         from zarr.core.buffer import default_buffer_prototype
@@ -224,18 +237,7 @@ class RemoteSource:
         async def one(r: Request, chunk: str) -> Any:
             async with gate:
                 data = await self._attempts(r.key, chunk, get, r)
-            if data is not None and r.nbytes is not None and len(data) != r.nbytes:
-                # a server that ignores Range, or an object shorter than its index says: the
-                # same answer every time, so not retried
-                raise ChunkError(
-                    f"asked the server for {r.describe()} of the object, got {len(data)} bytes "
-                    "(a server that ignores Range requests, or an object shorter than its "
-                    "shard index says)",
-                    array=self.name,
-                    chunk=chunk,
-                    path=self.location(r.key),
-                )
-            return data
+            return self._checked(r, chunk, data)
 
         return await asyncio.gather(*(one(r, c) for r, c in zip(requests, chunks)))
 
@@ -247,31 +249,68 @@ class RemoteSource:
             except (UnsafeStoreError, ChunkError):
                 raise
             except Exception as exc:  # noqa: BLE001 - classified, then re-raised naming the object
-                where = dict(array=self.name, chunk=chunk, path=self.location(key))
-                if _denied(exc):
-                    raise ChunkError(
-                        f"access denied ({type(exc).__name__}: {exc}); check the credentials "
-                        "(storage_options=, or the AWS_* / cloud provider's environment variables) and "
-                        "that they may read this object",
-                        **where,
-                    ) from exc
-                if isinstance(exc, FileNotFoundError):
+                if self._judge(exc, attempt, key, chunk):
                     return None
-                if not transient(exc):
-                    raise ChunkError(
-                        f"cannot fetch the object ({type(exc).__name__}: {exc})", **where
-                    ) from exc
-                if attempt == RETRIES:
-                    what = "timed out" if isinstance(exc, TimeoutError | asyncio.TimeoutError) else "failed"
-                    raise ChunkError(
-                        f"fetching the object {what} {RETRIES + 1} times, the last with "
-                        f"{type(exc).__name__}: {exc or 'no message'} (set CUPY_XARRAY_REMOTE_RETRIES or "
-                        "CUPY_XARRAY_REMOTE_TIMEOUT for a slow server)",
-                        **where,
-                    ) from exc
-                delay = min(BACKOFF_MAX_S, BACKOFF_S * 2**attempt)
-                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                await asyncio.sleep(_delay(attempt))
         raise AssertionError("unreachable")
+
+    def _attempts_threaded(self, job: tuple) -> Any:
+        """:meth:`_attempts` for the HTTP fetcher's threads (one request: ``job``)."""
+        r, chunk = job
+        for attempt in range(RETRIES + 1):
+            try:
+                data = self.http.get(self.key(r.key), r.start, r.end, TIMEOUT_S)
+                break
+            except (UnsafeStoreError, ChunkError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - classified, then re-raised naming the object
+                if self._judge(exc, attempt, r.key, chunk):
+                    return None
+                time.sleep(_delay(attempt))
+        return self._checked(r, chunk, data)
+
+    def _judge(self, exc: BaseException, attempt: int, key: str, chunk: str) -> bool:
+        """After a failed attempt: True for a missing object; raise the ChunkError that names a
+        failure not worth retrying (or the last one); return False to try again."""
+        where = dict(array=self.name, chunk=chunk, path=self.location(key))
+        if _denied(exc):
+            raise ChunkError(
+                f"access denied ({type(exc).__name__}: {exc}); check the credentials "
+                "(storage_options=, or the AWS_* / cloud provider's environment variables) and "
+                "that they may read this object",
+                **where,
+            ) from exc
+        if isinstance(exc, FileNotFoundError):
+            return True
+        if not transient(exc):
+            raise ChunkError(f"cannot fetch the object ({type(exc).__name__}: {exc})", **where) from exc
+        if attempt == RETRIES:
+            what = "timed out" if isinstance(exc, TimeoutError | asyncio.TimeoutError) else "failed"
+            raise ChunkError(
+                f"fetching the object {what} {RETRIES + 1} times, the last with "
+                f"{type(exc).__name__}: {exc or 'no message'} (set CUPY_XARRAY_REMOTE_RETRIES or "
+                "CUPY_XARRAY_REMOTE_TIMEOUT for a slow server)",
+                **where,
+            ) from exc
+        return False
+
+    def _checked(self, r: Request, chunk: str, data: Any) -> Any:
+        if data is not None and r.nbytes is not None and len(data) != r.nbytes:
+            # a server that ignores Range, or an object shorter than its index says: the same
+            # answer every time, so not retried
+            raise ChunkError(
+                f"asked the server for {r.describe()} of the object, got {len(data)} bytes "
+                "(a server that ignores Range requests, or an object shorter than its "
+                "shard index says)",
+                array=self.name,
+                chunk=chunk,
+                path=self.location(r.key),
+            )
+        return data
+
+
+def _delay(attempt: int) -> float:
+    return min(BACKOFF_MAX_S, BACKOFF_S * 2**attempt) * (0.5 + random.random() / 2)
 
 
 def coalesce(ranges: list[tuple[int, int]], gap: int = COALESCE_GAP, most: int = COALESCE_MAX):

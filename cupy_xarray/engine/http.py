@@ -1,0 +1,150 @@
+"""Chunk bytes of HTTP(S) stores fetched on a pool of threads, straight into NumPy buffers.
+
+zarr's ``FsspecStore`` fetches through aiohttp on one event loop: every 64 KiB of every body
+is a Python callback on that one thread, which then competes for the interpreter lock with
+the threads that decode. For plain HTTP(S) stores the engine fetches instead with
+``http.client`` on :data:`THREADS` threads, one kept-alive connection per thread and host,
+each body read with ``readinto`` (the lock is released while bytes arrive). Stores with
+options this path does not know (authentication, client arguments, cookies) keep the
+store's own fetches. The contract is :meth:`~.remote.RemoteSource.fetch`'s, retries and
+length checks included.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import ssl
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import numpy as np
+
+#: fetch threads (and requests in flight) for HTTP(S) stores; ``CUPY_XARRAY_HTTP_THREADS``
+THREADS = int(os.environ.get("CUPY_XARRAY_HTTP_THREADS", 32))
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_local = threading.local()
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="cupy-xarray-http")
+        return _pool
+
+
+class HTTPError(OSError):
+    """An HTTP answer that is not the bytes asked for; ``status`` is the HTTP status."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        self.status = status
+        super().__init__(f"HTTP {status} {reason}".strip())
+
+
+def fetcher_for(store: Any) -> HTTPFetcher | None:
+    """An :class:`HTTPFetcher` for a zarr ``FsspecStore`` over plain HTTP(S), else None."""
+    fs = getattr(store, "fs", None)
+    if fs is None or type(fs).__name__ != "HTTPFileSystem":
+        return None
+    url = str(getattr(store, "path", ""))
+    if urlsplit(url).scheme not in ("http", "https"):
+        return None
+    options = dict(getattr(fs, "kwargs", {}) or {})
+    headers = options.pop("headers", None) or {}
+    if options or getattr(fs, "client_kwargs", None) or getattr(fs, "encoded", False):
+        return None  # authentication, cookies, proxies ...: the store's own client knows them
+    return HTTPFetcher(url, dict(headers))
+
+
+class HTTPFetcher:
+    """GET requests for keys below ``base`` (a URL), ``headers`` sent with each."""
+
+    def __init__(self, base: str, headers: dict[str, str]) -> None:
+        self.base = base.rstrip("/")
+        parts = urlsplit(self.base)
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname or "", parts.port
+        self.prefix = parts.path
+        self.headers = {"Accept-Encoding": "identity", **headers}
+
+    def path(self, key: str) -> str:
+        return f"{self.prefix}/{quote(key, safe='/')}"
+
+    def get(self, key: str, start: int | None, end: int | None, timeout: float) -> np.ndarray | None:
+        """The object's bytes (``[start, end)``; ``end`` None with ``start`` < 0: the last
+        ``-start``), None for 404; raises :class:`HTTPError` or the connection's error."""
+        headers = dict(self.headers)
+        if start is not None and end is None:
+            headers["Range"] = f"bytes={start}" if start < 0 else f"bytes={start}-"  # suffix: "bytes=-n"
+        elif start is not None:
+            headers["Range"] = f"bytes={start}-{end - 1}"
+        conn = self._connection(timeout)
+        try:
+            conn.request("GET", self.path(key), headers=headers)
+            resp = conn.getresponse()
+            if resp.status == 404:
+                resp.read()
+                return None
+            if resp.status not in (200, 206):
+                resp.read()
+                raise HTTPError(resp.status, resp.reason)
+            length = resp.getheader("Content-Length")
+            if length is None:  # chunked transfer: no size to read into
+                return np.frombuffer(resp.read(), dtype=np.uint8)
+            buf = np.empty(int(length), dtype=np.uint8)
+            view = memoryview(buf)
+            done = 0
+            while done < len(buf):
+                n = resp.readinto(view[done:])
+                if not n:
+                    raise http.client.IncompleteRead(b"", len(buf) - done)
+                done += n
+            if resp.will_close:
+                self._drop()
+            return buf
+        except BaseException:
+            self._drop()  # a connection in an unknown state is never reused
+            raise
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        conns = getattr(_local, "conns", None)
+        if conns is None:
+            conns = _local.conns = {}
+        key = (self.scheme, self.host, self.port)
+        conn = conns.get(key)
+        if conn is None:
+            if self.scheme == "https":
+                conn = http.client.HTTPSConnection(
+                    self.host, self.port, timeout=timeout, context=ssl.create_default_context()
+                )
+            else:
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            conns[key] = conn
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def _drop(self) -> None:
+        conns = getattr(_local, "conns", {})
+        conn = conns.pop((self.scheme, self.host, self.port), None)
+        if conn is not None:
+            conn.close()
+
+    def fetch_all(self, jobs: list[tuple[Any, ...]], attempt_one) -> list[Any]:
+        """Run ``attempt_one(job)`` for each job on the fetch threads; results in order."""
+        futures = [_threads().submit(attempt_one, job) for job in jobs]
+        out, first = [], None
+        for f in futures:
+            try:
+                out.append(f.result())
+            except BaseException as exc:  # noqa: BLE001 - the first error in order is raised
+                out.append(None)
+                first = first or exc
+        if first is not None:
+            raise first
+        return out
