@@ -185,6 +185,39 @@ def _first_minute_table(path: Path) -> str:
     return "\n".join(lines + _run_facts(meta))
 
 
+def _remote_table(path: Path) -> str:
+    """The table of a ``benchmarks/remote_reads.py --json`` run: GB/s per store and read path,
+    against the ceiling (the faster of the two fetch-only paths) and zarr's GPU mode."""
+    rows, meta = _benchmark_run(path)
+    lines = [
+        "| store | ratio | read | GB/s | × ceiling | × zarr GPU | peak / output |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        p = r["paths"]
+
+        def gbps(name: str, p: dict = p) -> float:
+            return p.get(name, {}).get("GBps", 0.0)
+
+        ceiling = max(gbps("ceiling: fsspec GETs"), gbps("ceiling: engine fetch"))
+        zarr_gpu = gbps("zarr GPU mode")
+        for name, v in p.items():
+            if "error" in v:
+                lines.append(f"| {r['store']} | {r['ratio']:.2f} | {name} | fails: {v['error'][:60]} | | | |")
+                continue
+            peak = "-" if name.startswith("ceiling") or "cpu" in name else f"{v['peak_x']:.2f}"
+            x_zarr = f"{v['GBps'] / zarr_gpu:.2f}" if zarr_gpu else "-"
+            lines.append(
+                f"| {r['store']} | {r['ratio']:.2f} | {name} | {v['GBps']:.2f} | {v['GBps'] / ceiling:.2f} "
+                f"| {x_zarr} | {peak} |"
+            )
+    lines += ["", "| store | one chunk: engine / zarr GPU (ms) |", "| --- | ---: |"]
+    for r in rows:
+        lat = r["latency_ms"]
+        lines.append(f"| {r['store']} | {lat['engine one chunk']:.2f} / {lat['zarr GPU one chunk']:.2f} |")
+    return "\n".join(lines + _run_facts(meta))
+
+
 def _write_benchmark_tables() -> None:
     """docs/_generated/<name>.md for every docs/benchmarks*.json (included by benchmarks.md)."""
     out = HERE / "_generated"
@@ -194,6 +227,8 @@ def _write_benchmark_tables() -> None:
             table = _patterns_tables(path)
         elif path.stem == "benchmarks-first-minute":
             table = _first_minute_table(path)
+        elif path.stem == "benchmarks-remote":
+            table = _remote_table(path)
         else:
             table = _benchmark_table(path)
         (out / f"{path.stem}.md").write_text(table)

@@ -1,4 +1,4 @@
-"""The read engine: Zarr chunks from local files into NumPy or cupy arrays.
+"""The read engine: Zarr chunks from local files or remote stores into NumPy or cupy arrays.
 
 Data path, one module per step::
 
@@ -6,6 +6,8 @@ Data path, one module per step::
     plan.py     selection -> chunk pieces (chunk-local and output selections)
     shards.py   shard index -> inner chunk byte ranges
     io.py       byte ranges -> device buffers (os.preadv | kvikio)
+    remote.py   chunk bytes of remote stores, fetched through the zarr store (retries, checks)
+    http.py     chunk bytes of HTTP(S) stores, fetched on a pool of threads
     schedule.py which chunks nvCOMP decodes and which CPU threads do: the cost model
     host.py     the CPU-thread route: read, decode, check, copy, one chunk per thread
     decoders/   compressed streams -> bytes, one module per codec family (nvCOMP | CPU)
