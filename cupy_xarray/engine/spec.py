@@ -1,9 +1,10 @@
 """What the engine needs to know about one Zarr array, read from zarr-python's metadata.
 
 :func:`array_spec` turns a ``zarr.Array`` into an :class:`ArraySpec`: the files its chunks
-live in (or, for a store that is not a local directory, the source they are fetched from), and a :class:`ChunkRecipe` that says how the bytes of one chunk
-become an array (byte codecs in decode order, byte order, memory order, transpose). Arrays
-whose codecs the engine does not decode itself get ``fallback`` set to the reason, and are
+live in (for a store that is not a local directory, the source they are fetched from), and
+a :class:`ChunkRecipe` that says how the bytes of one chunk become an array (byte codecs in
+decode order, byte order, memory order, transpose). Arrays whose codecs the engine does not
+decode itself get ``fallback`` set to the reason, and are
 read through zarr-python's own codec pipeline instead.
 """
 
