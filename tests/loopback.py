@@ -10,7 +10,8 @@ next requests for it get, one per request, in order:
 - ``"reset"``: the connection is closed without an answer;
 - ``"short"``: the headers promise the whole body, half of it is sent, the connection closed;
 - ``"ignore-range"``: 200 with the whole file, whatever ``Range`` said;
-- ``"stall"``: nothing is sent for ``stall_s`` seconds.
+- ``"stall"``: nothing is sent for ``stall_s`` seconds;
+- ``"redirect"``: 302 to the same file at another URL.
 
 ``requests`` logs ``(method, path, range header)`` of every request.
 """
@@ -61,6 +62,12 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         if fault == "stall":
             time.sleep(self.server.stall_s)
+        if fault == "redirect":  # to the same file, by another URL
+            self.send_response(302)
+            self.send_header("Location", f"{url_path}?moved=1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
         full = os.path.realpath(os.path.join(self.server.root, url_path.lstrip("/")))
         if not full.startswith(self.server.root + os.sep) or not os.path.isfile(full):
             return self._empty(404)

@@ -252,6 +252,21 @@ def test_transient_failures_are_retried(http, device, fault):
     assert sum(r[1].endswith("/zstd/c/0/0/0") for r in http.requests) == 3
 
 
+def test_redirects_are_followed(http, device):
+    url = f"{http.url}/s.zarr"
+    want = xr.open_dataset(url, engine="zarr")[["tiles", "sharded"]].load()
+    ds = xr.open_dataset(url, engine="kvikio", device=device)[["tiles", "sharded"]]
+    http.faults["/tiles/c/1/1/1"] = ["redirect"]
+    http.faults["/sharded/c/1/1/0"] = ["redirect", "redirect"]
+    del http.requests[:]
+    try:
+        got = ds.load()
+    finally:
+        http.faults.clear()
+    xr.testing.assert_identical(got.cupy.as_numpy(), want)
+    assert sum(r[1].endswith("/tiles/c/1/1/1") for r in http.requests) == 2
+
+
 def test_a_persistent_failure_names_the_object(http, monkeypatch):
     url = f"{http.url}/s.zarr"
     ds = xr.open_dataset(url, engine="kvikio", device="cpu")

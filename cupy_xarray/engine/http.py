@@ -4,7 +4,8 @@ zarr's ``FsspecStore`` fetches through aiohttp on one event loop: every 64 KiB o
 is a Python callback on that one thread, which then competes for the interpreter lock with
 the threads that decode. For plain HTTP(S) stores the engine fetches instead with
 ``http.client`` on :data:`THREADS` threads, one kept-alive connection per thread and host,
-each body read with ``readinto`` (the lock is released while bytes arrive). Stores with
+each body read with ``readinto`` (the lock is released while bytes arrive), redirects
+followed (:data:`MAX_REDIRECTS`). Stores with
 options this path does not know (authentication, client arguments, cookies) keep the
 store's own fetches. The contract is :meth:`~.remote.RemoteSource.fetch`'s, retries and
 length checks included.
@@ -18,7 +19,7 @@ import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import numpy as np
 
@@ -38,6 +39,18 @@ def _threads() -> ThreadPoolExecutor:
         return _pool
 
 
+def _forget_pool() -> None:  # a forked child has none of the parent's threads
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+#: redirects followed per request (data portals send chunk requests on to object storage)
+MAX_REDIRECTS = 5
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
 class HTTPError(OSError):
     """An HTTP answer that is not the bytes asked for; ``status`` is the HTTP status."""
 
@@ -52,7 +65,8 @@ def fetcher_for(store: Any) -> HTTPFetcher | None:
     if fs is None or type(fs).__name__ != "HTTPFileSystem":
         return None
     url = str(getattr(store, "path", ""))
-    if urlsplit(url).scheme not in ("http", "https"):
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or "@" in parts.netloc:  # user:password@ needs fsspec's client
         return None
     options = dict(getattr(fs, "kwargs", {}) or {})
     headers = options.pop("headers", None) or {}
@@ -68,6 +82,7 @@ class HTTPFetcher:
         self.base = base.rstrip("/")
         parts = urlsplit(self.base)
         self.scheme, self.host, self.port = parts.scheme, parts.hostname or "", parts.port
+        self.origin = f"{parts.scheme}://{parts.netloc}"
         self.prefix = parts.path
         self.headers = {"Accept-Encoding": "identity", **headers}
 
@@ -82,56 +97,74 @@ class HTTPFetcher:
             headers["Range"] = f"bytes={start}" if start < 0 else f"bytes={start}-"  # suffix: "bytes=-n"
         elif start is not None:
             headers["Range"] = f"bytes={start}-{end - 1}"
-        conn = self._connection(timeout)
-        try:
-            conn.request("GET", self.path(key), headers=headers)
-            resp = conn.getresponse()
-            if resp.status == 404:
-                resp.read()
-                return None
-            if resp.status not in (200, 206):
-                resp.read()
-                raise HTTPError(resp.status, resp.reason)
-            length = resp.getheader("Content-Length")
-            if length is None:  # chunked transfer: no size to read into
-                return np.frombuffer(resp.read(), dtype=np.uint8)
-            buf = np.empty(int(length), dtype=np.uint8)
-            view = memoryview(buf)
-            done = 0
-            while done < len(buf):
-                n = resp.readinto(view[done:])
-                if not n:
-                    raise http.client.IncompleteRead(b"", len(buf) - done)
-                done += n
-            if resp.will_close:
-                self._drop()
-            return buf
-        except BaseException:
-            self._drop()  # a connection in an unknown state is never reused
-            raise
+        url = f"{self.origin}{self.path(key)}"
+        for _ in range(MAX_REDIRECTS + 1):
+            parts = urlsplit(url)
+            scheme, host, port = parts.scheme, parts.hostname or "", parts.port
+            conn = self._connection(timeout, scheme, host, port)
+            try:
+                conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
+                resp = conn.getresponse()
+                if resp.status in _REDIRECTS and resp.getheader("Location"):
+                    resp.read()
+                    url = urljoin(url, resp.getheader("Location"))
+                    target = urlsplit(url)
+                    if target.scheme not in ("http", "https"):
+                        raise HTTPError(resp.status, f"redirect to {url!r}")
+                    if (target.scheme, target.hostname, target.port) != (self.scheme, self.host, self.port):
+                        # another host: the store's own headers (credentials) stay behind
+                        headers = {k: v for k, v in headers.items() if k in ("Range", "Accept-Encoding")}
+                    continue
+                return self._body(resp, scheme, host, port)
+            except BaseException:
+                self._drop(scheme, host, port)  # a connection in an unknown state is never reused
+                raise
+        raise OSError(f"more than {MAX_REDIRECTS} redirects")
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+    def _body(self, resp: http.client.HTTPResponse, scheme: str, host: str, port: int | None) -> Any:
+        if resp.status == 404:
+            resp.read()
+            return None
+        if resp.status not in (200, 206):
+            resp.read()
+            raise HTTPError(resp.status, resp.reason)
+        length = resp.getheader("Content-Length")
+        if length is None:  # chunked transfer: no size to read into
+            return np.frombuffer(resp.read(), dtype=np.uint8)
+        buf = np.empty(int(length), dtype=np.uint8)
+        view = memoryview(buf)
+        done = 0
+        while done < len(buf):
+            n = resp.readinto(view[done:])
+            if not n:
+                raise http.client.IncompleteRead(b"", len(buf) - done)
+            done += n
+        if resp.will_close:
+            self._drop(scheme, host, port)
+        return buf
+
+    def _connection(
+        self, timeout: float, scheme: str, host: str, port: int | None
+    ) -> http.client.HTTPConnection:
         conns = getattr(_local, "conns", None)
         if conns is None:
             conns = _local.conns = {}
-        key = (self.scheme, self.host, self.port)
-        conn = conns.get(key)
+        conn = conns.get((scheme, host, port))
         if conn is None:
-            if self.scheme == "https":
+            if scheme == "https":
                 conn = http.client.HTTPSConnection(
-                    self.host, self.port, timeout=timeout, context=ssl.create_default_context()
+                    host, port, timeout=timeout, context=ssl.create_default_context()
                 )
             else:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-            conns[key] = conn
+                conn = http.client.HTTPConnection(host, port, timeout=timeout)
+            conns[scheme, host, port] = conn
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
         return conn
 
-    def _drop(self) -> None:
-        conns = getattr(_local, "conns", {})
-        conn = conns.pop((self.scheme, self.host, self.port), None)
+    def _drop(self, scheme: str, host: str, port: int | None) -> None:
+        conn = getattr(_local, "conns", {}).pop((scheme, host, port), None)
         if conn is not None:
             conn.close()
 
