@@ -135,27 +135,35 @@ def _run_facts(meta: dict) -> list[str]:
     ]
 
 
+def _paths_rows(rows: list, heads: list[str], cells) -> list[str]:
+    """A table of store | ratio | read | GB/s | ``heads``, a row per read path of every store;
+    ``cells(paths, name, path)`` gives one path's cells under ``heads``."""
+    lines = [
+        "| store | ratio | read | GB/s | " + " | ".join(heads) + " |",
+        "| --- | ---: | --- | ---: |" + " ---: |" * len(heads),
+    ]
+    for r in rows:
+        for name, v in r["paths"].items():
+            head = f"| {r['store']} | {r['ratio']:.2f} | {name} |"
+            if "error" in v:
+                lines.append(f"{head} fails: {v['error'][:60]} |" + " |" * len(heads))
+                continue
+            lines.append(f"{head} {v['GBps']:.2f} | " + " | ".join(cells(r["paths"], name, v)) + " |")
+    return lines
+
+
 def _patterns_tables(path: Path) -> str:
     """Tables of a ``benchmarks/read_patterns.py --json`` run: GB/s per store and read path
     with ratios and peak memory, then latencies, threads and the scheduler's choices."""
     rows, meta = _benchmark_run(path)
-    lines = [
-        "| store | ratio | read | GB/s | × zarr GPU | × engine eager | peak / output |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        p = r["paths"]
+
+    def cells(p: dict, name: str, v: dict) -> list[str]:
         zg, eng = p.get("zarr GPU mode", {}).get("GBps"), p.get("engine auto", {}).get("GBps")
-        for name, v in p.items():
-            if "error" in v:
-                lines.append(f"| {r['store']} | {r['ratio']:.2f} | {name} | fails: {v['error'][:60]} | | | |")
-                continue
-            x_zarr = f"{v['GBps'] / zg:.2f}" if zg else "-"
-            x_eng = f"{v['GBps'] / eng:.2f}" if eng else "-"
-            lines.append(
-                f"| {r['store']} | {r['ratio']:.2f} | {name} | {v['GBps']:.2f} | {x_zarr} | {x_eng} "
-                f"| {v['peak_x']:.2f} |"
-            )
+        x_zarr = f"{v['GBps'] / zg:.2f}" if zg else "-"
+        x_eng = f"{v['GBps'] / eng:.2f}" if eng else "-"
+        return [x_zarr, x_eng, f"{v['peak_x']:.2f}"]
+
+    lines = _paths_rows(rows, ["× zarr GPU", "× engine eager", "peak / output"], cells)
     lines += [
         "",
         "| store | one chunk: engine / zarr GPU (ms) | 1 %: engine / zarr GPU (ms) "
@@ -189,28 +197,18 @@ def _remote_table(path: Path) -> str:
     """The table of a ``benchmarks/remote_reads.py --json`` run: GB/s per store and read path,
     against the ceiling (the faster of the two fetch-only paths) and zarr's GPU mode."""
     rows, meta = _benchmark_run(path)
-    lines = [
-        "| store | ratio | read | GB/s | × ceiling | × zarr GPU | peak / output |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        p = r["paths"]
 
-        def gbps(name: str, p: dict = p) -> float:
-            return p.get(name, {}).get("GBps", 0.0)
+    def cells(p: dict, name: str, v: dict) -> list[str]:
+        def gbps(label: str) -> float:
+            return p.get(label, {}).get("GBps", 0.0)
 
         ceiling = max(gbps("ceiling: fsspec GETs"), gbps("ceiling: engine fetch"))
         zarr_gpu = gbps("zarr GPU mode")
-        for name, v in p.items():
-            if "error" in v:
-                lines.append(f"| {r['store']} | {r['ratio']:.2f} | {name} | fails: {v['error'][:60]} | | | |")
-                continue
-            peak = "-" if name.startswith("ceiling") or "cpu" in name else f"{v['peak_x']:.2f}"
-            x_zarr = f"{v['GBps'] / zarr_gpu:.2f}" if zarr_gpu else "-"
-            lines.append(
-                f"| {r['store']} | {r['ratio']:.2f} | {name} | {v['GBps']:.2f} | {v['GBps'] / ceiling:.2f} "
-                f"| {x_zarr} | {peak} |"
-            )
+        peak = "-" if name.startswith("ceiling") or "cpu" in name else f"{v['peak_x']:.2f}"
+        x_zarr = f"{v['GBps'] / zarr_gpu:.2f}" if zarr_gpu else "-"
+        return [f"{v['GBps'] / ceiling:.2f}", x_zarr, peak]
+
+    lines = _paths_rows(rows, ["× ceiling", "× zarr GPU", "peak / output"], cells)
     lines += ["", "| store | one chunk: engine / zarr GPU (ms) |", "| --- | ---: |"]
     for r in rows:
         lat = r["latency_ms"]

@@ -238,33 +238,29 @@ def test_missing_objects_read_as_fill_value(tmp_path, device):
 
 @pytest.mark.parametrize("fault", ["503", "500", "429", "reset", "short"])
 def test_transient_failures_are_retried(http, device, fault):
-    url = f"{http.url}/s.zarr"
-    want = xr.open_dataset(url, engine="zarr")[["zstd", "sharded"]].load()
-    ds = xr.open_dataset(url, engine="kvikio", device=device)[["zstd", "sharded"]]
-    http.faults["/zstd/c/0/0/0"] = [fault, fault]
-    http.faults["/sharded/c/0/0/0"] = [fault, fault, None, fault]  # the index, then the chunks
-    del http.requests[:]
-    try:
-        got = ds.load()
-    finally:
-        http.faults.clear()
-    xr.testing.assert_identical(got.cupy.as_numpy(), want)
+    faults = {"/zstd/c/0/0/0": [fault, fault], "/sharded/c/0/0/0": [fault, fault, None, fault]}
+    _identical_despite(http, device, ["zstd", "sharded"], faults)  # sharded: the index, then the chunks
     assert sum(r[1].endswith("/zstd/c/0/0/0") for r in http.requests) == 3
 
 
 def test_redirects_are_followed(http, device):
+    faults = {"/tiles/c/1/1/1": ["redirect"], "/sharded/c/1/1/0": ["redirect", "redirect"]}
+    _identical_despite(http, device, ["tiles", "sharded"], faults)
+    assert sum(r[1].endswith("/tiles/c/1/1/1") for r in http.requests) == 2
+
+
+def _identical_despite(http, device, names, faults):
+    """Load ``names`` while the server has ``faults``: identical to engine="zarr"'s read."""
     url = f"{http.url}/s.zarr"
-    want = xr.open_dataset(url, engine="zarr")[["tiles", "sharded"]].load()
-    ds = xr.open_dataset(url, engine="kvikio", device=device)[["tiles", "sharded"]]
-    http.faults["/tiles/c/1/1/1"] = ["redirect"]
-    http.faults["/sharded/c/1/1/0"] = ["redirect", "redirect"]
+    want = xr.open_dataset(url, engine="zarr")[names].load()
+    ds = xr.open_dataset(url, engine="kvikio", device=device)[names]
+    http.faults.update(faults)
     del http.requests[:]
     try:
         got = ds.load()
     finally:
         http.faults.clear()
     xr.testing.assert_identical(got.cupy.as_numpy(), want)
-    assert sum(r[1].endswith("/tiles/c/1/1/1") for r in http.requests) == 2
 
 
 def test_a_persistent_failure_names_the_object(http, monkeypatch):
