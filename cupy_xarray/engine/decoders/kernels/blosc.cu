@@ -22,6 +22,29 @@ __device__ __forceinline__ unsigned long long transpose8(unsigned long long x) {
     return x;
 }
 
+/* the 8 * TS bytes of 8 elements, built in w, stored at d with 16-, 8- or 1-byte writes */
+template <int TS>
+__device__ __forceinline__ void store_row(unsigned char* d, const unsigned int (&w)[2 * TS], int store) {
+    if (store == 16) {
+#pragma unroll
+        for (int i = 0; i < TS / 2; i++) {
+            uint4 v;
+            v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
+            ((uint4*)d)[i] = v;
+        }
+    } else if (store == 8) {
+#pragma unroll
+        for (int i = 0; i < TS; i++) {
+            uint2 v;
+            v.x = w[2 * i]; v.y = w[2 * i + 1];
+            ((uint2*)d)[i] = v;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
+    }
+}
+
 /* bit unshuffle for a typesize known at compile time: one thread builds the TS bytes of 8
    elements in registers and stores them with wide writes (byte writes at a stride of TS
    made the old kernel write-bound) */
@@ -47,25 +70,7 @@ __device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int nebloc
                 w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
             }
         }
-        unsigned char* d = o + r * 8 * TS;
-        if (store == 16) {
-#pragma unroll
-            for (int i = 0; i < TS / 2; i++) {
-                uint4 v;
-                v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
-                ((uint4*)d)[i] = v;
-            }
-        } else if (store == 8) {
-#pragma unroll
-            for (int i = 0; i < TS; i++) {
-                uint2 v;
-                v.x = w[2 * i]; v.y = w[2 * i + 1];
-                ((uint2*)d)[i] = v;
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
-        }
+        store_row<TS>(o + r * 8 * TS, w, store);
     }
 }
 
@@ -103,25 +108,7 @@ __device__ void bit_unshuffle4(const unsigned char* s, unsigned char* o, int row
                     w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
                 }
             }
-            unsigned char* d = o + (r0 + j) * 8 * TS;
-            if (store == 16) {
-#pragma unroll
-                for (int i = 0; i < TS / 2; i++) {
-                    uint4 v;
-                    v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
-                    ((uint4*)d)[i] = v;
-                }
-            } else if (store == 8) {
-#pragma unroll
-                for (int i = 0; i < TS; i++) {
-                    uint2 v;
-                    v.x = w[2 * i]; v.y = w[2 * i + 1];
-                    ((uint2*)d)[i] = v;
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
-            }
+            store_row<TS>(o + (r0 + j) * 8 * TS, w, store);
         }
     }
 }
