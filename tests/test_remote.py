@@ -338,6 +338,19 @@ def test_truncated_objects_are_refused(tmp_path, device):
             ds.zstd.load()
 
 
+@pytest.mark.parametrize("threaded", [True, False])
+def test_an_object_larger_than_any_chunk_is_refused(tmp_path, monkeypatch, device, threaded):
+    """A server's answer cannot make the engine hold more than a chunk can be stored in."""
+    monkeypatch.setattr(remote, "THREADED_HTTP", threaded)
+    store = _write(tmp_path)
+    with open(os.path.join(store, "zstd", "c", "0", "0", "1"), "wb") as f:
+        f.write(os.urandom(400_000))  # chunks of (4, 16, 12) float32: 3072 bytes decoded
+    with HTTPStores(tmp_path) as server:
+        ds = xr.open_dataset(f"{server.url}/s.zarr", engine="kvikio", device=device)
+        with pytest.raises(ChunkError, match=r"zstd.*c/0/0/1.*400000 bytes, more than the \d+ any codec"):
+            ds.zstd.load()
+
+
 def test_keys_cannot_leave_the_store_prefix():
     for key in (
         "../x",

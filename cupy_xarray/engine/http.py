@@ -51,6 +51,13 @@ MAX_REDIRECTS = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
+class TooLarge:
+    """An answer longer than could be right: its length, its body left unread."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
 class HTTPError(OSError):
     """An HTTP answer that is not the bytes asked for; ``status`` is the HTTP status."""
 
@@ -89,9 +96,12 @@ class HTTPFetcher:
     def path(self, key: str) -> str:
         return f"{self.prefix}/{quote(key, safe='/')}"
 
-    def get(self, key: str, start: int | None, end: int | None, timeout: float) -> np.ndarray | None:
+    def get(
+        self, key: str, start: int | None, end: int | None, timeout: float, most: int | None = None
+    ) -> np.ndarray | TooLarge | None:
         """The object's bytes (``[start, end)``; ``end`` None with ``start`` < 0: the last
-        ``-start``), None for 404; raises :class:`HTTPError` or the connection's error."""
+        ``-start``), None for 404, :class:`TooLarge` for an answer of more than ``most`` bytes
+        (not read); raises :class:`HTTPError` or the connection's error."""
         headers = dict(self.headers)
         if start is not None and end is None:
             headers["Range"] = f"bytes={start}" if start < 0 else f"bytes={start}-"  # suffix: "bytes=-n"
@@ -115,13 +125,15 @@ class HTTPFetcher:
                         # another host: the store's own headers (credentials) stay behind
                         headers = {k: v for k, v in headers.items() if k in ("Range", "Accept-Encoding")}
                     continue
-                return self._body(resp, scheme, host, port)
+                return self._body(resp, scheme, host, port, most)
             except BaseException:
                 self._drop(scheme, host, port)  # a connection in an unknown state is never reused
                 raise
         raise OSError(f"more than {MAX_REDIRECTS} redirects")
 
-    def _body(self, resp: http.client.HTTPResponse, scheme: str, host: str, port: int | None) -> Any:
+    def _body(
+        self, resp: http.client.HTTPResponse, scheme: str, host: str, port: int | None, most: int | None
+    ) -> Any:
         if resp.status == 404:
             resp.read()
             return None
@@ -130,7 +142,14 @@ class HTTPFetcher:
             raise HTTPError(resp.status, resp.reason)
         length = resp.getheader("Content-Length")
         if length is None:  # chunked transfer: no size to read into
-            return np.frombuffer(resp.read(), dtype=np.uint8)
+            body = resp.read(None if most is None else most + 1)
+            if most is not None and len(body) > most:
+                self._drop(scheme, host, port)
+                return TooLarge(len(body))
+            return np.frombuffer(body, dtype=np.uint8)
+        if most is not None and int(length) > most:
+            self._drop(scheme, host, port)  # the body is not read: the connection cannot be reused
+            return TooLarge(int(length))
         buf = np.empty(int(length), dtype=np.uint8)
         view = memoryview(buf)
         done = 0

@@ -31,7 +31,7 @@ from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape
 from .scatter import copy_bytes as _copy_bytes
 from .scatter import place_chunk, scatter
 from .schedule import Decision, Scheduler, fixed_route, learn, stream_kind
-from .shards import EMPTY, read_shard_index, remote_shard_indexes
+from .shards import EMPTY, read_shard_index, remote_shard_indexes, stored_bound
 from .spec import ArraySpec
 
 log = logging.getLogger("cupy_xarray")
@@ -194,7 +194,8 @@ def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | 
     missing: list[ChunkPiece] = []
     if spec.shard is None:
         keys = [spec.chunk_key(p.coords) for p in pieces]
-        blobs = source.fetch([Request(k) for k in keys])
+        most = stored_bound(spec.recipe.nbytes)
+        blobs = source.fetch([Request(k, most=most) for k in keys])
         for p, key, blob in zip(pieces, keys, blobs):
             if blob is None:
                 missing.append(p)

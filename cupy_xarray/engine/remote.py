@@ -85,17 +85,24 @@ _SEGMENT = re.compile(r"[^\x00-\x1f\x7f?#%\\/]+")
 @dataclass(frozen=True)
 class Request:
     """Fetch ``key`` whole (``start`` None), its bytes ``[start, end)``, or with ``start``
-    negative and ``end`` None its last ``-start`` bytes."""
+    negative and ``end`` None its last ``-start`` bytes. ``most``: the largest whole object
+    that can be right (a larger one is refused, on HTTP(S) before its body is read)."""
 
     key: str
     start: int | None = None
     end: int | None = None
+    most: int | None = None
 
     @property
     def nbytes(self) -> int | None:
         if self.start is None:
             return None
         return -self.start if self.end is None else self.end - self.start
+
+    @property
+    def limit(self) -> int | None:
+        """The most bytes an answer may hold."""
+        return self.most if self.start is None else self.nbytes
 
     def describe(self) -> str:
         if self.end is None:
@@ -259,7 +266,7 @@ class RemoteSource:
         r, chunk = job
         for attempt in range(RETRIES + 1):
             try:
-                data = self.http.get(self.key(r.key), r.start, r.end, TIMEOUT_S)
+                data = self.http.get(self.key(r.key), r.start, r.end, TIMEOUT_S, r.limit)
                 break
             except (UnsafeStoreError, ChunkError):
                 raise
@@ -295,16 +302,26 @@ class RemoteSource:
         return False
 
     def _checked(self, r: Request, chunk: str, data: Any) -> Any:
-        if data is not None and r.nbytes is not None and len(data) != r.nbytes:
+        """The answer's bytes, after its length is checked against what could be right."""
+        from .http import TooLarge
+
+        if data is None:
+            return None
+        got = data.nbytes if isinstance(data, TooLarge) else len(data)
+        where = dict(array=self.name, chunk=chunk, path=self.location(r.key))
+        if r.nbytes is not None and got != r.nbytes:
             # a server that ignores Range, or an object shorter than its index says: the same
             # answer every time, so not retried
             raise ChunkError(
-                f"asked the server for {r.describe()} of the object, got {len(data)} bytes "
-                "(a server that ignores Range requests, or an object shorter than its "
-                "shard index says)",
-                array=self.name,
-                chunk=chunk,
-                path=self.location(r.key),
+                f"asked the server for {r.describe()} of the object, got {got} bytes (a server that "
+                "ignores Range requests, or an object shorter than its shard index says)",
+                **where,
+            )
+        if r.most is not None and got > r.most:
+            raise ChunkError(
+                f"the object is {got} bytes, more than the {r.most} any codec stores this array's "
+                "chunks in (corrupt store, or an object that is not this chunk)",
+                **where,
             )
         return data
 
