@@ -4,13 +4,13 @@ with engine="zarr" reading the same server; the failures a network brings."""
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest
 import xarray as xr
 import zarr
 from conftest import expected_type, module_of, run_in_threads
+from loopback import HTTPStores, S3Stores
 
 import cupy_xarray
 from cupy_xarray.containment import UnsafeStoreError
@@ -18,8 +18,6 @@ from cupy_xarray.engine import remote
 from cupy_xarray.errors import ChunkError, StoreError
 
 pytest.importorskip("aiohttp")
-sys.path.insert(0, os.path.dirname(__file__))
-from loopback import HTTPStores, S3Stores  # noqa: E402
 
 
 def _data(seed: int = 0) -> xr.Dataset:
