@@ -11,9 +11,9 @@ next requests for it get, one per request, in order:
 - ``"short"``: the headers promise the whole body, half of it is sent, the connection closed;
 - ``"ignore-range"``: 200 with the whole file, whatever ``Range`` said;
 - ``"stall"``: nothing is sent for ``stall_s`` seconds;
-- ``"redirect"``: 302 to the same file at another URL.
+- ``"redirect"``: 302 to the same file at another URL (on the server ``redirect_to`` names).
 
-``requests`` logs ``(method, path, range header)`` of every request.
+``requests`` logs ``(method, path, range header, authorization header)`` of every request.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class _Handler(BaseHTTPRequestHandler):
         url_path = unquote(urlparse(self.path).path)
         rng = self.headers.get("Range")
         with self.server.lock:
-            self.server.requests.append((self.command, url_path, rng))
+            self.server.requests.append((self.command, url_path, rng, self.headers.get("Authorization")))
         fault = self._fault(url_path)
         if fault is not None and fault.isdigit():
             return self._empty(int(fault))
@@ -64,7 +64,7 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(self.server.stall_s)
         if fault == "redirect":  # to the same file, by another URL
             self.send_response(302)
-            self.send_header("Location", f"{url_path}?moved=1")
+            self.send_header("Location", f"{self.server.redirect_to}{url_path}?moved=1")
             self.send_header("Content-Length", "0")
             self.end_headers()
             return None
@@ -133,6 +133,7 @@ class _Server(ThreadingHTTPServer):
         self.requests: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
         self.stall_s = 2.0
+        self.redirect_to = ""  # another server's URL, or "" for this one
 
 
 class HTTPStores:
@@ -151,6 +152,14 @@ class HTTPStores:
     @property
     def requests(self) -> list[tuple[str, str, str | None]]:
         return self._server.requests
+
+    @property
+    def redirect_to(self) -> str:
+        return self._server.redirect_to
+
+    @redirect_to.setter
+    def redirect_to(self, url: str) -> None:
+        self._server.redirect_to = url
 
     @property
     def stall_s(self) -> float:

@@ -261,6 +261,23 @@ def _identical_despite(http, device, names, faults):
     xr.testing.assert_identical(got.cupy.as_numpy(), want)
 
 
+def test_headers_are_sent_but_not_to_another_host(local_store, device):
+    """storage_options headers reach the store's server; a redirect to another host gets none."""
+    root = os.path.dirname(local_store)
+    with HTTPStores(root) as home, HTTPStores(root) as elsewhere:
+        url = f"{home.url}/s.zarr"
+        options = {"headers": {"Authorization": "Bearer abc"}}
+        want = xr.open_dataset(url, engine="zarr").zstd.load()
+        ds = xr.open_dataset(url, engine="kvikio", device=device, storage_options=options)
+        home.redirect_to = elsewhere.url
+        home.faults["/zstd/c/1/1/1"] = ["redirect"]
+        del home.requests[:]
+        xr.testing.assert_identical(ds.zstd.load().cupy.as_numpy(), want)
+        assert home.requests and all(r[3] == "Bearer abc" for r in home.requests)
+        moved = [r for r in elsewhere.requests if r[1].endswith("/zstd/c/1/1/1")]
+        assert len(moved) == 1 and moved[0][3] is None
+
+
 def test_a_persistent_failure_names_the_object(http, monkeypatch):
     url = f"{http.url}/s.zarr"
     ds = xr.open_dataset(url, engine="kvikio", device="cpu")
