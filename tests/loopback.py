@@ -107,9 +107,15 @@ class _Handler(BaseHTTPRequestHandler):
                     self.connection.shutdown(socket.SHUT_RDWR)
                 return None
             sent = 0
+            tls = hasattr(self.connection, "cipher")  # sendfile would bypass the encryption
             while sent < n:  # sendfile: the server's own cost stays small beside the client's
-                k = os.sendfile(self.connection.fileno(), f.fileno(), start + sent, min(n - sent, 1 << 24))
-                if k == 0:
+                if tls:
+                    k = self.wfile.write(os.pread(f.fileno(), min(n - sent, 1 << 22), start + sent))
+                else:
+                    k = os.sendfile(
+                        self.connection.fileno(), f.fileno(), start + sent, min(n - sent, 1 << 24)
+                    )
+                if not k:
                     break
                 sent += k
         return None
@@ -137,11 +143,20 @@ class _Server(ThreadingHTTPServer):
 
 
 class HTTPStores:
-    """An HTTP server for the files below ``root``, on a loopback port, in a thread."""
+    """An HTTP server for the files below ``root``, on a loopback port, in a thread; with
+    ``tls=(certificate file, key file)``, HTTPS."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, tls: tuple[str, str] | None = None) -> None:
         self._server = _Server(os.fspath(root))
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "http"
+        if tls is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -178,6 +193,45 @@ class HTTPStores:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def self_signed(folder: str | os.PathLike) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, written below ``folder``: (cert, key) paths."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    return cert_path, key_path
 
 
 class S3Stores:

@@ -278,6 +278,41 @@ def test_headers_are_sent_but_not_to_another_host(local_store, device):
         assert len(moved) == 1 and moved[0][3] is None
 
 
+_HTTPS_CHILD = """
+import sys, xarray as xr, cupy_xarray
+url, device = sys.argv[1], sys.argv[2]
+ds = xr.open_dataset(url, engine="kvikio", device=device)
+assert ds.zstd.variable._data.array.array.array.spec.source.http is not None  # the threaded fetcher
+xr.testing.assert_identical(ds.load().cupy.as_numpy(), xr.open_dataset(url, engine="zarr").load())
+print("identical")
+"""
+
+
+def test_https_with_the_systems_certificates(local_store, tmp_path, device):
+    """HTTPS: a certificate the system does not trust is refused with a clear error; one it
+    trusts (SSL_CERT_FILE, read when a process starts) reads identically, through the threads."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("cryptography")
+    from loopback import self_signed
+
+    cert, key = self_signed(tmp_path)
+    with HTTPStores(os.path.dirname(local_store), tls=(cert, key)) as server:
+        url = f"{server.url}/s.zarr"
+        with pytest.raises(StoreError, match="certificate verify failed"):
+            xr.open_dataset(url, engine="kvikio", device=device)
+        env = dict(os.environ, SSL_CERT_FILE=cert, PYTHONWARNINGS="ignore")
+        done = subprocess.run(
+            [sys.executable, "-c", _HTTPS_CHILD, url, device],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0 and "identical" in done.stdout, done.stderr[-2000:]
+
+
 def test_a_persistent_failure_names_the_object(http, monkeypatch):
     url = f"{http.url}/s.zarr"
     ds = xr.open_dataset(url, engine="kvikio", device="cpu")
