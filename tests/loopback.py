@@ -11,7 +11,8 @@ next requests for it get, one per request, in order:
 - ``"short"``: the headers promise the whole body, half of it is sent, the connection closed;
 - ``"ignore-range"``: 200 with the whole file, whatever ``Range`` said;
 - ``"stall"``: nothing is sent for ``stall_s`` seconds;
-- ``"redirect"``: 302 to the same file at another URL (on the server ``redirect_to`` names).
+- ``"redirect"``: 302 to the same file at another URL (on the server ``redirect_to`` names);
+- ``"close-after"``: the answer, then the connection closed without ``Connection: close``.
 
 ``requests`` logs ``(method, path, range header, authorization header)`` of every request.
 """
@@ -118,6 +119,10 @@ class _Handler(BaseHTTPRequestHandler):
                 if not k:
                     break
                 sent += k
+        if fault == "close-after":  # as servers drop idle kept-alive connections: no warning
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
         return None
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming

@@ -313,6 +313,27 @@ def test_https_with_the_systems_certificates(local_store, tmp_path, device):
     assert done.returncode == 0 and "identical" in done.stdout, done.stderr[-2000:]
 
 
+def test_connections_the_server_closed_are_replaced_at_once(http, monkeypatch):
+    """A kept-alive connection the server has closed costs a new connection, not a retry."""
+    import time
+
+    monkeypatch.setattr(remote, "BACKOFF_S", 2.0)  # a retry would show
+    monkeypatch.setattr(remote, "RETRIES", 0)
+    url = f"{http.url}/s.zarr"
+    want = xr.open_dataset(url, engine="zarr").tiles.load()
+    ds = xr.open_dataset(url, engine="kvikio", device="cpu", cache=False)
+    xr.testing.assert_identical(ds.tiles.compute(), want)
+    for key in ("c/0/0/0", "c/0/0/1", "c/0/0/2", "c/0/1/0", "c/1/0/0"):
+        http.faults[f"/tiles/{key}"] = ["close-after"]
+    try:
+        for _ in range(3):
+            t0 = time.perf_counter()
+            xr.testing.assert_identical(ds.tiles.compute(), want)
+            assert time.perf_counter() - t0 < 1.0
+    finally:
+        http.faults.clear()
+
+
 def test_a_persistent_failure_names_the_object(http, monkeypatch):
     url = f"{http.url}/s.zarr"
     ds = xr.open_dataset(url, engine="kvikio", device="cpu")

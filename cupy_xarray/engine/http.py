@@ -3,10 +3,10 @@
 zarr's ``FsspecStore`` fetches through aiohttp on one event loop: every 64 KiB of every body
 is a Python callback on that one thread, which then competes for the interpreter lock with
 the threads that decode. For plain HTTP(S) stores the engine fetches instead with
-``http.client`` on :data:`THREADS` threads, one kept-alive connection per thread and host,
+``http.client`` on :data:`THREADS` threads: one kept-alive connection per thread and host,
 each body read with ``readinto`` (the lock is released while bytes arrive), redirects
-followed (:data:`MAX_REDIRECTS`). Stores with
-options this path does not know (authentication, client arguments, cookies) keep the
+followed (:data:`MAX_REDIRECTS`; the store's headers are not sent to another host). Stores
+with options this path does not know (authentication, client arguments, cookies) keep the
 store's own fetches. The contract is :meth:`~.remote.RemoteSource.fetch`'s, retries and
 length checks included.
 """
@@ -108,13 +108,26 @@ class HTTPFetcher:
         elif start is not None:
             headers["Range"] = f"bytes={start}-{end - 1}"
         url = f"{self.origin}{self.path(key)}"
-        for _ in range(MAX_REDIRECTS + 1):
+        hops = 0
+        while hops <= MAX_REDIRECTS:
             parts = urlsplit(url)
             scheme, host, port = parts.scheme, parts.hostname or "", parts.port
             conn = self._connection(timeout, scheme, host, port)
+            reused = conn.sock is not None
             try:
-                conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers)
-                resp = conn.getresponse()
+                try:
+                    conn.request(
+                        "GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=headers
+                    )
+                    resp = conn.getresponse()
+                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                    if not reused:
+                        raise
+                    # the server closed a kept-alive connection while it was idle: once more, on
+                    # a new one (not a failed attempt)
+                    self._drop(scheme, host, port)
+                    continue
+                hops += 1
                 if resp.status in _REDIRECTS and resp.getheader("Location"):
                     resp.read()
                     url = urljoin(url, resp.getheader("Location"))
@@ -188,14 +201,16 @@ class HTTPFetcher:
             conn.close()
 
     def fetch_all(self, jobs: list[tuple[Any, ...]], attempt_one) -> list[Any]:
-        """Run ``attempt_one(job)`` for each job on the fetch threads; results in order."""
+        """Run ``attempt_one(job)`` for each job on the fetch threads; results in order. After
+        a failure, the jobs not started yet are cancelled and the first error is raised."""
         futures = [_threads().submit(attempt_one, job) for job in jobs]
         out, first = [], None
         for f in futures:
+            if first is not None and f.cancel():
+                continue
             try:
                 out.append(f.result())
             except BaseException as exc:  # noqa: BLE001 - the first error in order is raised
-                out.append(None)
                 first = first or exc
         if first is not None:
             raise first

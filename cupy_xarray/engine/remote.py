@@ -294,7 +294,7 @@ class RemoteSource:
         if attempt == RETRIES:
             what = "timed out" if isinstance(exc, TimeoutError | asyncio.TimeoutError) else "failed"
             raise ChunkError(
-                f"fetching the object {what} {RETRIES + 1} times, the last with "
+                f"fetching the object {what} {RETRIES + 1} time{'s' if RETRIES else ''}, the last with "
                 f"{type(exc).__name__}: {exc or 'no message'} (set CUPY_XARRAY_REMOTE_RETRIES or "
                 "CUPY_XARRAY_REMOTE_TIMEOUT for a slow server)",
                 **where,
