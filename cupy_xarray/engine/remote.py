@@ -246,7 +246,16 @@ class RemoteSource:
                 data = await self._attempts(r.key, chunk, get, r)
             return self._checked(r, chunk, data)
 
-        return await asyncio.gather(*(one(r, c) for r, c in zip(requests, chunks)))
+        tasks = [asyncio.ensure_future(one(r, c)) for r, c in zip(requests, chunks)]
+        try:
+            return await asyncio.gather(*tasks)
+        except BaseException:
+            # the first failure is the answer: stop the other requests and let them wind down
+            # here, rather than leave them running on zarr's event loop
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def _attempts(self, key: str, chunk: str, fn, *args) -> Any:
         """``fn(*args)`` with bounded retries of transient failures; a ChunkError after."""
