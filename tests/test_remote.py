@@ -460,6 +460,20 @@ def test_consolidated_metadata_naming_an_outside_array_is_refused(tmp_path, name
         assert not any("/c/" in r[1] for r in server.requests), server.requests
 
 
+def test_objects_are_named_by_their_url_in_messages():
+    obstore = pytest.importorskip("obstore")
+    from zarr.storage import FsspecStore, ObjectStore
+
+    assert remote.store_url(FsspecStore.from_url("memory://b/x.zarr")) in (
+        "memory://b/x.zarr",
+        "memory:///b/x.zarr",
+    )
+    s3 = obstore.store.S3Store("bucket", prefix="a/x.zarr", skip_signature=True, region="us-east-1")
+    assert remote.store_url(ObjectStore(s3, read_only=True)) == "s3://bucket/a/x.zarr"
+    http = obstore.store.HTTPStore.from_url("http://127.0.0.1:1/x.zarr", client_options={"allow_http": True})
+    assert remote.store_url(ObjectStore(http, read_only=True)) == "http://127.0.0.1:1/x.zarr"
+
+
 def test_transient_classification():
     from botocore.exceptions import ClientError
 

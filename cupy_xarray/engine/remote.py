@@ -133,7 +133,16 @@ def store_url(store: Any) -> str:
         return f"{proto}://{path}".rstrip("/")
     inner = getattr(store, "store", None)  # obstore's store
     if inner is not None:
-        return f"{type(inner).__name__}({getattr(inner, 'url', '') or ''})/{path}".rstrip("/")
+        url = getattr(inner, "url", None)
+        if not url:
+            config = getattr(inner, "config", None) or {}
+            bucket = config.get("bucket") or config.get("container_name")
+            scheme = {"S3Store": "s3", "GCSStore": "gs", "AzureStore": "az"}.get(type(inner).__name__)
+            prefix = str(getattr(inner, "prefix", "") or "")
+            url = (
+                f"{scheme}://{bucket}/{prefix}" if scheme and bucket else f"{type(inner).__name__}()/{prefix}"
+            )
+        return f"{str(url).rstrip('/')}/{path}".rstrip("/")
     return f"{type(store).__name__}:{path}".rstrip("/:")
 
 
