@@ -182,7 +182,7 @@ def _stores(
     containment = None
     local = local_store_path(path)
     # remote URLs (s3://, https://, gs://, memory://, ...) open through zarr's own fsspec
-    # store; their arrays are read by zarr-python, then placed on the device
+    # store; the engine fetches their chunks through it (engine/remote.py)
     if local is not None and storage_options:
         raise StoreError(
             "storage_options apply to remote stores (s3://, https://, ...); "

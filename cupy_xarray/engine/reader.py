@@ -204,17 +204,7 @@ def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | 
         return tasks, missing
     per_shard = spec.shard.chunks_per_shard(spec.chunks)
     shard_of = [tuple(c // n for c, n in zip(p.coords, per_shard)) for p in pieces]
-    cache = source.shard_indexes if indexes is None else indexes
-    known, new = {}, []
-    for sh in dict.fromkeys(shard_of):
-        index = cache.get((id(spec), sh), _UNKNOWN)
-        if index is _UNKNOWN:
-            new.append(sh)
-        else:
-            known[sh] = index
-    for sh, index in zip(new, remote_shard_indexes(spec, new)):
-        known[sh] = index
-        source.remember(cache, (id(spec), sh), index)
+    known = _known_indexes(spec, shard_of, source.shard_indexes if indexes is None else indexes)
     wanted: dict[tuple[int, ...], list[tuple[ChunkPiece, int, int, str]]] = {}
     for p, shard in zip(pieces, shard_of):
         local = tuple(c % n for c, n in zip(p.coords, per_shard))
@@ -281,30 +271,36 @@ def _fetch_wave(wave: list, indexes: dict) -> list:
     return [(i, spec, *_fetch(spec, pieces, i, indexes)) for i, spec, pieces in wave]
 
 
+def _known_indexes(spec: ArraySpec, shards: list[tuple[int, ...]], cache: dict) -> dict:
+    """The index of each shard (None: no such shard): from ``cache`` where it is kept, the
+    others fetched at once and kept there."""
+    known, new = {}, []
+    for sh in dict.fromkeys(shards):
+        index = cache.get((id(spec), sh), _UNKNOWN)
+        if index is _UNKNOWN:
+            new.append(sh)
+        else:
+            known[sh] = index
+    for sh, index in zip(new, remote_shard_indexes(spec, new)):
+        known[sh] = index
+        spec.source.remember(cache, (id(spec), sh), index)
+    return known
+
+
+_UNKNOWN = object()
+
+
 def _shard_indexes(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]]) -> dict:
     """The indexes of every shard the remote requests touch, fetched at once before the waves
     (waves fetched side by side would otherwise each fetch the indexes they share)."""
     indexes: dict = {}
     for _, spec, pieces in remote:
-        if spec.shard is None:
-            continue
-        per_shard = spec.shard.chunks_per_shard(spec.chunks)
-        shards = dict.fromkeys(tuple(c // n for c, n in zip(p.coords, per_shard)) for p in pieces)
-        cache = spec.source.shard_indexes
-        new = []
-        for sh in shards:
-            index = cache.get((id(spec), sh), _UNKNOWN)
-            if index is _UNKNOWN:
-                new.append(sh)
-            else:
+        if spec.shard is not None:
+            per_shard = spec.shard.chunks_per_shard(spec.chunks)
+            shards = [tuple(c // n for c, n in zip(p.coords, per_shard)) for p in pieces]
+            for sh, index in _known_indexes(spec, shards, spec.source.shard_indexes).items():
                 indexes[id(spec), sh] = index
-        for sh, index in zip(new, remote_shard_indexes(spec, new)):
-            indexes[id(spec), sh] = index
-            spec.source.remember(cache, (id(spec), sh), index)
     return indexes
-
-
-_UNKNOWN = object()
 
 
 def _plan_direct(task: _Task, out_shape: tuple[int, ...]) -> None:
@@ -354,6 +350,20 @@ def _check_size(task: _Task) -> None:
             f"chunk is {task.nbytes} bytes, expected {recipe.nbytes} "
             "for an uncompressed chunk (truncated or corrupt)"
         )
+
+
+def _prepare(tasks: list[_Task], out: Any) -> None:
+    """Check the located tasks' sizes and plan where their bytes go in ``out``."""
+    out_bytes = _bytes_of(out)
+    for t in tasks:
+        _check_size(t)
+        _plan_direct(t, out.shape)
+        _plan_target(t, out_bytes)
+
+
+def _progress_bytes(tasks: list[_Task]) -> int:
+    """The bytes the progress bar counts for ``tasks``: what is read for them."""
+    return sum(t.direct[1] if t.direct else t.nbytes for t in tasks)
 
 
 def _batch_cost(t: _Task) -> int:
@@ -759,11 +769,7 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
             outs[i] = device.full(oshape, spec.fill_value, spec.dtype)
         else:
             outs[i] = device.empty(oshape, spec.dtype)
-        out_bytes = _bytes_of(outs[i])
-        for t in found:
-            _check_size(t)
-            _plan_direct(t, oshape)
-            _plan_target(t, out_bytes)
+        _prepare(found, outs[i])
         tasks.extend(found)
     clock.lap("plan")
     if not tasks and not remote:
@@ -772,7 +778,7 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
     if progress:
         from tqdm.auto import tqdm
 
-        total = sum(t.direct[1] if t.direct else t.nbytes for t in tasks)
+        total = _progress_bytes(tasks)
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading")
     run = dict(
         device=device, batch_bytes=batch_bytes, decode=decode, scheduler=scheduler, clock=clock, bar=bar
@@ -792,8 +798,8 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
 
 
 def _execute_waves(remote, outs, normalized, *, device, clock, bar, **run) -> None:
-    """Fetch large remote reads in waves on one thread, each wave decoded while the next ones
-    are fetched (:data:`WAVE_BYTES`, :data:`WAVES_AHEAD`)."""
+    """Fetch large remote reads in waves, several side by side, each wave decoded while the
+    next ones are fetched (:data:`WAVE_BYTES`, :data:`WAVES_AHEAD`, :data:`FETCH_AHEAD_BYTES`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from .remote import CONCURRENCY
@@ -824,14 +830,10 @@ def _execute_waves(remote, outs, normalized, *, device, clock, bar, **run) -> No
             for i, spec, found, missing in fetched:
                 for p in missing:
                     scatter(device.xp, outs[i], p.out_sel, spec.fill_value)
-                out_bytes = _bytes_of(outs[i])
-                for t in found:
-                    _check_size(t)
-                    _plan_direct(t, outs[i].shape)
-                    _plan_target(t, out_bytes)
+                _prepare(found, outs[i])
                 tasks.extend(found)
             if bar is not None:
-                bar.total += sum(t.direct[1] if t.direct else t.nbytes for t in tasks)
+                bar.total += _progress_bytes(tasks)
                 bar.refresh()
             if tasks:
                 _execute(tasks, outs, normalized, None, device=device, clock=clock, bar=bar, **run)
@@ -870,7 +872,7 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     device.synchronize()  # staging memory is reused by the next batch's reads
                     clock.lap("sync")
                     if bar is not None:
-                        bar.update(sum(t.direct[1] if t.direct else t.nbytes for t in batch))
+                        bar.update(_progress_bytes(batch))
                 jobs.wait()
                 if twins is not None:
                     _copy_twins(twins, outs, device)

@@ -63,20 +63,22 @@ _RETRY_WORDS = (
     "RequestTimeout",
     "InternalError",
 )
-_RETRY_TYPES = (
-    "ClientConnectionError",
-    "ClientPayloadError",
-    "ServerDisconnectedError",
-    "ClientOSError",
-    "IncompleteReadError",
-    "ResponseStreamingError",
-    "ReadTimeoutError",
-    "ConnectTimeoutError",
-    "EndpointConnectionError",
-    "ConnectionClosedError",
-    "IncompleteRead",
-    "BadStatusLine",
-    "RemoteDisconnected",
+_RETRY_TYPES = frozenset(
+    {
+        "ClientConnectionError",
+        "ClientPayloadError",
+        "ServerDisconnectedError",
+        "ClientOSError",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "IncompleteRead",
+        "BadStatusLine",
+        "RemoteDisconnected",
+    }
 )
 # one key segment: what zarr's chunk key encodings and array names produce
 _SEGMENT = re.compile(r"[^\x00-\x1f\x7f?#%\\/]+")
@@ -167,7 +169,7 @@ def transient(exc: BaseException) -> bool:
     if status is not None:
         return status in _RETRY_STATUS
     names = {t.__name__ for t in type(exc).__mro__}
-    if names & set(_RETRY_TYPES):
+    if names & _RETRY_TYPES:
         return True
     text = str(exc)
     return any(w in text for w in _RETRY_WORDS) or bool(re.search(r"\b(500|502|503|504)\b", text))

@@ -85,14 +85,6 @@ def stored_bound(decoded: int) -> int:
     return decoded + decoded // 16 + 65536
 
 
-def index_range(spec: ArraySpec, size: int) -> tuple[int, int]:
-    """The bytes ``[start, end)`` of a ``size``-byte shard that hold its index."""
-    layout = spec.shard
-    assert layout is not None
-    nbytes = layout.index_nbytes(spec.chunks)
-    return (0, nbytes) if layout.index_at_start else (size - nbytes, size)
-
-
 def parse_index(spec: ArraySpec, raw: bytes, size: int | None, key: str, path: str) -> np.ndarray:
     """Check a shard's index bytes (length, crc32c, ranges inside the ``size``-byte shard when
     the size is known) and return it as an array of shape ``chunks_per_shard + (2,)`` of uint64."""

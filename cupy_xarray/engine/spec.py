@@ -4,8 +4,8 @@
 live in (for a store that is not a local directory, the source they are fetched from), and
 a :class:`ChunkRecipe` that says how the bytes of one chunk become an array (byte codecs in
 decode order, byte order, memory order, transpose). Arrays whose codecs the engine does not
-decode itself get ``fallback`` set to the reason, and are
-read through zarr-python's own codec pipeline instead.
+decode itself get ``fallback`` set to the reason, and are read through zarr-python's own
+codec pipeline instead.
 """
 
 from __future__ import annotations
@@ -250,10 +250,8 @@ def store_root(array: Any) -> str | None:
 def _fetches(store: Any) -> bool:
     """True for a zarr store the engine fetches chunk bytes from itself (any store with zarr's
     async ``get``: fsspec's, obstore's, in-memory ones)."""
-    try:
-        from zarr.abc.store import Store
-    except ImportError:
-        return False
+    from zarr.abc.store import Store
+
     return isinstance(store, Store)
 
 
