@@ -65,7 +65,7 @@ def write_store(path: Path, spec: dict) -> None:
     if (path / "zarr.json").exists():
         return
     data = smooth_field((spec["t"], SIDE, SIDE))
-    enc = {"field": {"chunks": spec["chunks"], "compressors": spec["compressors"]}}
+    enc = {"field": {k: v for k, v in spec.items() if k != "t"}}  # chunks, compressors, shards ...
     xr.Dataset({"field": (("t", "y", "x"), data)}).to_zarr(
         path, mode="w", zarr_format=3, consolidated=True, encoding=enc
     )

@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from read_patterns import best_of, median_latency
-from read_throughput import run_meta, smooth_field
+from read_patterns import best_of, median_latency, write_store
+from read_throughput import run_meta
 
 SIDE = 2048
 HERE = Path(__file__).resolve().parent
@@ -57,18 +57,6 @@ def store_specs(t: int) -> dict[str, dict]:
         ),
         "zstd 1MiB in shards": dict(chunks=(1, 512, 512), shards=(4, 2048, 2048), compressors=zstd),
     }
-
-
-def write_store(path: Path, t: int, spec: dict) -> None:
-    import xarray as xr
-
-    if (path / "zarr.json").exists():
-        return
-    data = smooth_field((t, SIDE, SIDE))
-    enc = {"field": dict(spec)}
-    xr.Dataset({"field": (("t", "y", "x"), data)}).to_zarr(
-        path, mode="w", zarr_format=3, consolidated=True, encoding=enc
-    )
 
 
 @contextlib.contextmanager
@@ -269,7 +257,7 @@ def main() -> None:
         specs = {k: v for k, v in specs.items() if k in args.stores.split(",")}
     args.dir.mkdir(parents=True, exist_ok=True)
     for name, spec in specs.items():
-        write_store(args.dir / name.replace(" ", "_"), t, spec)
+        write_store(args.dir / name.replace(" ", "_"), dict(spec, t=t))
     results = []
     with http_server(args.dir) as base:
         print(f"serving {args.dir} at {base}; {os.cpu_count()} CPU cores", flush=True)
