@@ -13,8 +13,8 @@ HTTP server in its own process. For each store, in one run:
 - the ceiling: every chunk object fetched with parallel GETs through fsspec's HTTP client
   (the client zarr uses), nothing decoded; and the same bytes through the engine's fetcher
   (threads, ``http.client``); the higher of the two is the ceiling;
-- eager loads: ``engine="kvikio"`` (GPU, ``decode="auto"``), also with the engine fetching
-  through fsspec's client; zarr's GPU mode over
+- eager loads: ``engine="kvikio"`` (GPU, ``decode="auto"``, and ``decode="gpu"``: every
+  stream to nvCOMP), also with the engine fetching through fsspec's client; zarr's GPU mode over
   ``FsspecStore``; zarr on the CPU + ``cupy.asarray`` over fsspec and over obstore;
 - dask: ``chunks={}`` and 256 MiB chunks, ``.compute()``;
 - latency of a one-chunk selection, engine and zarr's GPU mode.
@@ -112,6 +112,9 @@ def eager_paths(url: str) -> dict:
         finally:
             remote.THREADED_HTTP = True
 
+    def engine_gpu_decode():
+        return xr.open_dataset(url, engine="kvikio", decode="gpu")["field"].data
+
     def engine_cpu():
         return xr.open_dataset(url, engine="kvikio", device="cpu")["field"].data
 
@@ -123,8 +126,8 @@ def eager_paths(url: str) -> dict:
         store = FsspecStore.from_url(f"{url}/field", read_only=True)
         return cupy.asarray(zarr.open_array(store, mode="r")[:])
 
-    paths = {"engine (GPU)": engine, "engine (GPU), fsspec client": engine_aiohttp,
-             "engine device=cpu": engine_cpu, "zarr GPU mode": zarr_gpu,
+    paths = {"engine (GPU)": engine, "engine (GPU), decode=gpu": engine_gpu_decode,
+             "engine (GPU), fsspec client": engine_aiohttp, "engine device=cpu": engine_cpu, "zarr GPU mode": zarr_gpu,
              "zarr CPU (fsspec) + asarray": fsspec_cpu}  # fmt: skip
     try:
         import obstore
