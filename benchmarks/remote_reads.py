@@ -127,8 +127,8 @@ def eager_paths(url: str) -> dict:
         return cupy.asarray(zarr.open_array(store, mode="r")[:])
 
     paths = {"engine (GPU)": engine, "engine (GPU), decode=gpu": engine_gpu_decode,
-             "engine (GPU), fsspec client": engine_aiohttp, "engine device=cpu": engine_cpu, "zarr GPU mode": zarr_gpu,
-             "zarr CPU (fsspec) + asarray": fsspec_cpu}  # fmt: skip
+             "engine (GPU), fsspec client": engine_aiohttp, "engine device=cpu": engine_cpu,
+             "zarr GPU mode": zarr_gpu, "zarr CPU (fsspec) + asarray": fsspec_cpu}  # fmt: skip
     try:
         import obstore
         from zarr.storage import ObjectStore

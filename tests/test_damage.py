@@ -421,12 +421,12 @@ def test_checksum_kernels_equal_the_host():
 # ---------------------------------------------------------------- LZ4 structure walk
 
 
-def _lz4_blocks(count=1500, seed=0):
+def _lz4_blocks(count=1500, seed=0, longest=5000):
     """(block, expected size, liblz4 accepts) for valid and damaged LZ4 blocks."""
     rng = np.random.default_rng(seed)
     out = []
     for k in range(count):
-        n = int(rng.integers(1, 5000))
+        n = int(rng.integers(1, longest))
         data = [
             rng.integers(0, 256, n, dtype=np.uint8).tobytes(),
             (np.sin(np.arange(n // 4 + 1) / 30) * 100).astype("float32").tobytes()[:n],
@@ -465,10 +465,13 @@ def test_lz4_walk_refuses_what_liblz4_refuses():
 
 
 @pytest.mark.gpu
-def test_lz4_walk_kernel_equals_the_host():
+@pytest.mark.parametrize("count, longest", [(600, 5000), (120, 70_000)])
+def test_lz4_walk_kernel_equals_the_host(count, longest):
+    """Short blocks, and blocks as long as Blosc's streams (the kernel's window refilled many
+    times), at every alignment."""
     import cupy
 
-    blocks = _lz4_blocks(600, seed=3)
+    blocks = _lz4_blocks(count, seed=3, longest=longest)
     buf = cupy.asarray(np.frombuffer(b"".join(b for b, _, _ in blocks) + b"\0", dtype=np.uint8))
     lens = np.array([len(b) for b, _, _ in blocks], dtype=np.int64)
     ptrs = np.uint64(buf.data.ptr) + (np.cumsum(lens) - lens).astype(np.uint64)

@@ -536,6 +536,31 @@ def test_large_reads_fetch_in_waves(tmp_path, monkeypatch, device, wave):
         xr.testing.assert_identical(ds.isel(sel).compute().cupy.as_numpy(), want.isel(sel))
 
 
+def test_decode_gpu_reads_fetch_in_larger_waves(http, monkeypatch, device):
+    """decode="gpu" on a GPU gives nvCOMP waves of the batch size (more streams per call);
+    a CPU read keeps the waves it has whatever ``decode`` says."""
+    from cupy_xarray.engine import reader
+
+    monkeypatch.setattr(reader, "WAVE_BYTES", 40_000)
+    monkeypatch.setattr(reader, "GPU_WAVE_BYTES", 200_000)
+    waves: list[int] = []
+    fetch_wave = reader._fetch_wave
+    monkeypatch.setattr(reader, "_fetch_wave", lambda wave, idx: waves.append(1) or fetch_wave(wave, idx))
+    url = f"{http.url}/s.zarr"
+    want = xr.open_dataset(url, engine="zarr").zstd.load()
+    counts = {}
+    for decode in ("auto", "gpu"):
+        del waves[:]
+        ds = xr.open_dataset(url, engine="kvikio", device=device, decode=decode, cache=False)
+        xr.testing.assert_identical(ds.zstd.compute().cupy.as_numpy(), want)
+        counts[decode] = len(waves)
+    assert counts["auto"] > 1
+    if device == "gpu":
+        assert counts["gpu"] < counts["auto"]
+    else:
+        assert counts["gpu"] == counts["auto"]
+
+
 def test_a_failure_in_a_later_wave_is_raised(http, monkeypatch, device):
     from cupy_xarray.engine import reader
 

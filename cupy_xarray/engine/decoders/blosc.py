@@ -406,6 +406,8 @@ def _decode_gpu_c(
         raise BloscLayoutError(
             int(lay.chunk[idx[problem[0]]]), f"Blosc {algo} stream is malformed or truncated (corrupt chunk)"
         )
+    if lap:
+        lap("blosc check")
     try:
         sizes, status = batched.decode(src_ptrs, clen.astype(np.uint64), out_ptrs, dlen.astype(np.uint64))
     except DecodeTimeout as exc:
