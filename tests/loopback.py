@@ -31,6 +31,10 @@ from urllib.parse import unquote, urlparse
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as object stores' servers do: the headers go out in one write and the body
+    # in another, and with Nagle's algorithm a body's last segment waits for the client's
+    # delayed acknowledgement (40 ms on Linux), now and then, on a kept-alive connection
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, *args) -> None:  # quiet
