@@ -144,6 +144,47 @@ def test_corrupt_blosc_stream_names_the_chunk(tmp_path, device):
     assert info.value.chunk == "c/1/0"
 
 
+def _many_chunks(tmp_path):
+    """A (96, 64) float32 array in six Blosc LZ4 chunks of (16, 64)."""
+    arr = zarr.create_array(
+        tmp_path / "m.zarr", shape=(96, 64), chunks=(16, 64), dtype="f4",
+        compressors=zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle", blocksize=1024),
+    )  # fmt: skip
+    arr[:] = _field("f4", (96, 64))
+    return arr
+
+
+@pytest.mark.parametrize("decode", ["auto", "gpu"])
+def test_batches_checked_ahead(tmp_path, device, decode):
+    """Batches of one chunk: each batch's layout and structure checks start while the batch
+    before it decodes. Same values as zarr; a damaged chunk in a later batch is named, whether
+    its layout (found ahead) or its stream (found when its check is waited for) is wrong."""
+    from cupy_xarray.engine.schedule import Scheduler
+
+    arr = _many_chunks(tmp_path)
+    spec, dev = array_spec(arr), resolve_device(device)
+    batch = Scheduler(force="batch")
+
+    def read(sel=(slice(None),)):
+        return read_arrays([(spec, sel)], dev, batch_bytes=16 * 64 * 4, decode=decode, scheduler=batch)[0]
+
+    np.testing.assert_array_equal(host(read()), arr[...])
+    np.testing.assert_array_equal(host(read((slice(5, 90, 3), slice(1, 60)))), arr[5:90:3, 1:60])
+    chunk = tmp_path / "m.zarr" / "c" / "4" / "0"
+    good = chunk.read_bytes()
+    _, lay = _layout_of(good, 16 * 64 * 4, "lz4")
+    s = int(np.flatnonzero(~lay.raw)[1])
+    body = bytearray(good)
+    body[int(lay.src[s]) : int(lay.src[s] + lay.clen[s])] = b"\xff" * int(lay.clen[s])
+    for damaged, match in [(good[:40], "truncated"), (bytes(body), "Blosc lz4 stream")]:
+        chunk.write_bytes(damaged)
+        with pytest.raises(ChunkError, match=match) as info:
+            read()
+        assert info.value.chunk == "c/4/0"
+    chunk.write_bytes(good)
+    np.testing.assert_array_equal(host(read()), arr[...])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cname, shuffle", [("lz4", "shuffle"), ("lz4", "bitshuffle")])
 def test_nvcomp_c_and_python_apis_agree(tmp_path, monkeypatch, cname, shuffle):

@@ -74,6 +74,16 @@ def _stream(cupy: Any) -> Any:
     return s
 
 
+def side_stream(cupy: Any) -> Any:
+    """This thread's second CUDA stream: for work started ahead of what its own stream runs
+    (:func:`stream`), so that the two overlap. Blocking, as that one is: both wait for
+    copies on the legacy default stream."""
+    s = getattr(_local, "side", None)
+    if s is None or s.device_id != cupy.cuda.Device().id:
+        s = _local.side = cupy.cuda.Stream()
+    return s
+
+
 def _timed_job(task: Any, out: Any, device: Any, jobs: Jobs) -> None:
     t0 = time.perf_counter()
     try:

@@ -25,7 +25,15 @@ import numpy as np
 from ..device import Device, PrototypeDevice, resolve_device
 from ..errors import ChunkError, OutOfMemoryError
 from . import host
-from .decoders import decode_choice, decode_group, decodes_through_scratch, stream_lead, writes_into_output
+from .decoders import (
+    decode_choice,
+    decode_group,
+    decodes_through_scratch,
+    prepare_group,
+    prepares,
+    stream_lead,
+    writes_into_output,
+)
 from .io import ReadOp
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
 from .scatter import copy_bytes as _copy_bytes
@@ -106,13 +114,14 @@ class _Task:
     target: Any = field(default=None, repr=False)  # output bytes the last codec decodes into
     landed: bool = False  # decoded straight into the output: nothing left to scatter
     blob: Any = field(default=None, repr=False)  # bytes fetched from a remote store (offset: into it)
+    ready: Any = field(default=None, repr=False)  # what chain.prepare_group started for its group
 
     def error(self, msg: str) -> ChunkError:
         return ChunkError(msg, array=self.spec.name, chunk=self.key, path=self.path)
 
     def release(self) -> None:
         """Drop the buffers this task holds (device memory goes back to the pool)."""
-        self.data = self.staging = self.owner = self.target = None
+        self.data = self.staging = self.owner = self.target = self.ready = None
 
 
 def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | None = None) -> str:
@@ -442,11 +451,36 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
     return session.submit(ops), staging
 
 
-def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decode: str) -> None:
-    staged = [t for t in batch if t.direct is None]
+def _groups(batch: list[_Task]) -> dict[int, list[_Task]]:
+    """A batch's staged tasks by recipe: each group is decoded in one call per codec."""
     groups: dict[int, list[_Task]] = {}
-    for t in staged:
-        groups.setdefault(id(t.spec.recipe), []).append(t)
+    for t in batch:
+        if t.direct is None:
+            groups.setdefault(id(t.spec.recipe), []).append(t)
+    return groups
+
+
+def _prepares(batch: list[_Task], device: Device, decode: str) -> bool:
+    return any(prepares(group, device, decode) for group in _groups(batch).values())
+
+
+def _side(device: Device) -> Any:
+    """The stream work started ahead runs on (:func:`.host.side_stream`); none on the CPU."""
+    return host.side_stream(device.xp) if device.name == "gpu" else contextlib.nullcontext()
+
+
+def _start_ahead(batch: list[_Task], device: Device, decode: str) -> bool:
+    """Start what the batch's groups need before their decode (:func:`prepare_group`), on
+    the current stream; whether any group had something to start."""
+    started = False
+    for group in _groups(batch).values():
+        prepare_group(group, device, decode)
+        started = started or group[0].ready is not None
+    return started
+
+
+def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decode: str) -> None:
+    groups = _groups(batch)
     xp = device.xp
     for key, group in groups.items():
         t0 = time.perf_counter()
@@ -875,6 +909,7 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     jobs = host.start(on_host, outs, device, inline=alone)
                 if batches:
                     pending.append(_submit(session, batches[0], outs, device))
+                ahead = False  # the next batch's checks are started (on the side stream)
                 for b, batch in enumerate(batches):
                     if b + 1 < len(batches):
                         pending.append(_submit(session, batches[b + 1], outs, device))
@@ -882,6 +917,16 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     waiter, _staging = pending.pop(0)
                     waiter.wait()
                     clock.lap("io wait")
+                    if not ahead:
+                        _start_ahead(batch, device, decode)
+                    ahead = False
+                    if b + 1 < len(batches) and _prepares(batches[b + 1], device, decode):
+                        # the next batch's structure checks run while this batch decodes:
+                        # its reads are waited for first (they take a fraction of the checks)
+                        pending[0][0].wait()
+                        with _side(device):
+                            ahead = _start_ahead(batches[b + 1], device, decode)
+                        clock.lap("checks ahead")
                     _finish(batch, outs, device, clock, decode)
                     device.synchronize()  # staging memory is reused by the next batch's reads
                     clock.lap("sync")
@@ -899,6 +944,8 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                 # let reads in flight land before their buffers are released
                 if jobs is not None:
                     jobs.cancel()
+                if device.name == "gpu" and batches:
+                    host.side_stream(device.xp).synchronize()  # checks started ahead read staging
                 for waiter, _ in pending:
                     try:
                         waiter.wait()

@@ -20,7 +20,14 @@ and what they share::
 """
 
 from .base import DecodeFailure, Rates, StreamDecoder
-from .chain import decode_group, decode_on_host, decodes_through_scratch, writes_into_output
+from .chain import (
+    decode_group,
+    decode_on_host,
+    decodes_through_scratch,
+    prepare_group,
+    prepares,
+    writes_into_output,
+)
 from .registry import (
     DECODE_CHOICES,
     compressor,
@@ -44,6 +51,8 @@ __all__ = [
     "decode_on_host",
     "decodes_on_gpu",
     "decodes_through_scratch",
+    "prepare_group",
+    "prepares",
     "proven",
     "stream",
     "stream_bytes",

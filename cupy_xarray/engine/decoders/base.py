@@ -11,6 +11,7 @@ stream nvCOMP decodes and the checksum nvCOMP leaves out, its CPU decode, whethe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +144,14 @@ class StreamDecoder:
     def check_on_gpu(self, ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> tuple[int, str] | None:
         """For bare streams on the device (addresses, stored and decoded lengths) that nvCOMP
         would decode without noticing damage: the first bad one's index and what is wrong."""
-        return None
+        return self.start_check_on_gpu(ptrs, lens, want)()
+
+    def start_check_on_gpu(
+        self, ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray
+    ) -> Callable[[], tuple[int, str] | None]:
+        """:meth:`check_on_gpu` started on the current stream: call the result for its answer
+        (it waits for the check)."""
+        return lambda: None
 
     def deframe(self, data: Any) -> Any:
         """The bare stream nvCOMP decodes, as a view of ``data`` (numpy or cupy, uint8)."""

@@ -247,11 +247,13 @@ def decode_chunks(
     device: Any,
     lap: Any = None,
     targets: list[Any] | None = None,
+    ready: dict[str, Ready] | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """Decode every stream and unshuffle every block.
 
     ``targets`` optionally gives, per chunk, the ``expected`` bytes its blocks are
-    unshuffled into (a view of the output); chunks without one get a new buffer.
+    unshuffled into (a view of the output); chunks without one get a new buffer. ``ready``:
+    what :func:`ready_streams` started for this batch.
     Returns the buffers to keep alive until the device is synchronized, and the decoded
     bytes of each chunk.
 
@@ -280,7 +282,8 @@ def decode_chunks(
                 lap("blosc zstd check")
         batched = device.codecs.batched(STREAMS[algo]) if device.name == "gpu" else None
         if batched is not None:
-            owners.append(_decode_gpu_c(device, batched, algo, buffer, lay, idx, ptr, lap))
+            mine = (ready or {}).get(algo)
+            owners.append(_decode_gpu_c(device, batched, algo, buffer, lay, idx, ptr, lap, mine))
             continue
         if device.name == "gpu" and _carve_supported(device):
             owners.append(_decode_gpu(device, algo, buffer, lay, idx, ptr, lap))
@@ -377,6 +380,50 @@ def _carve_supported(device: Any) -> bool:
     return nv is not None and hasattr(nv, "as_arrays")
 
 
+@dataclass
+class Ready:
+    """The streams of one codec of a batch, packed for nvCOMP, their structure check started
+    (:func:`ready_streams`); ``verdict()`` waits for it."""
+
+    source: Any
+    src_ptrs: np.ndarray
+    verdict: Any
+
+
+def gpu_streams(device: Any, lay: Layout) -> dict[str, tuple[Any, np.ndarray]]:
+    """The codecs of a batch that nvCOMP's C API decodes, with their batched decoder and the
+    indexes of their compressed streams."""
+    comp = np.flatnonzero(~lay.raw)
+    if device.name != "gpu" or not len(comp):
+        return {}
+    algos = np.asarray(lay.algo, dtype=object)[lay.chunk[comp]]
+    found = {}
+    for algo in sorted(set(algos)):
+        batched = device.codecs.batched(STREAMS[algo])
+        if batched is not None:
+            found[algo] = (batched, comp[algos == algo])
+    return found
+
+
+def ready_streams(device: Any, buffer: Any, lay: Layout) -> dict[str, Ready]:
+    """Pack the compressed streams of each codec nvCOMP's C API decodes and start their
+    structure checks, on the current stream (a batch's checks run while the batch before it
+    decodes: a check is one long chain of reads per stream, and leaves the GPU idle)."""
+    return {
+        algo: _ready(device, batched, algo, buffer, lay, idx)
+        for algo, (batched, idx) in gpu_streams(device, lay).items()
+    }
+
+
+def _ready(device: Any, batched: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarray) -> Ready:
+    from .registry import stream
+
+    clen, dlen = lay.clen[idx], lay.dlen[idx]
+    source, src = _pack(device.xp, buffer, lay.src[idx], clen, device, batched.input_alignment)
+    src_ptrs = np.uint64(source.data.ptr) + src.astype(np.uint64)
+    return Ready(source, src_ptrs, stream(STREAMS[algo]).start_check_on_gpu(src_ptrs, clen, dlen))
+
+
 def _decode_gpu_c(
     device: Any,
     batched: Any,
@@ -386,22 +433,23 @@ def _decode_gpu_c(
     idx: np.ndarray,
     ptr: np.ndarray,
     lap: Any = None,
+    ready: Ready | None = None,
 ) -> Any:
     """Decode all streams of one codec with nvCOMP's C API (:mod:`.nvcomp`): pointer
     arrays into the staging buffer and 16-byte aligned slots of one output buffer, one call
-    on our stream, a status per stream."""
-    from .registry import stream
-
+    on our stream, a status per stream. ``ready``: the streams packed and their check started
+    already (:func:`ready_streams`)."""
     xp = device.xp
     clen, dlen = lay.clen[idx], lay.dlen[idx]
-    source, src = _pack(xp, buffer, lay.src[idx], clen, device, batched.input_alignment)
+    if ready is None:
+        ready = _ready(device, batched, algo, buffer, lay, idx)
+    source, src_ptrs = ready.source, ready.src_ptrs
     dst, total = aligned_slots(dlen)
     target = xp.empty((total,), dtype=xp.uint8)
     if lap:
         lap("blosc pack")
     out_ptrs = np.uint64(target.data.ptr) + dst.astype(np.uint64)
-    src_ptrs = np.uint64(source.data.ptr) + src.astype(np.uint64)
-    problem = stream(STREAMS[algo]).check_on_gpu(src_ptrs, clen, dlen)
+    problem = ready.verdict()
     if problem is not None:  # nvCOMP decodes malformed LZ4 blocks to garbage: walked first
         raise BloscLayoutError(
             int(lay.chunk[idx[problem[0]]]), f"Blosc {algo} stream is malformed or truncated (corrupt chunk)"

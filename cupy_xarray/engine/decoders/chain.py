@@ -107,10 +107,29 @@ def decode_group(tasks: list[Any], device: Any, clock: Any, decode: str) -> None
         clock.lap(f"decode {name}")
 
 
-def _decode_blosc(
-    tasks: list[Any], cname: str, expected: int, device: Any, clock: Any, last: bool, decode: str
-) -> None:
-    """Blosc chunks: structure checked on the host, streams decoded in batches, blocks unshuffled."""
+def prepares(tasks: list[Any], device: Any, decode: str) -> bool:
+    """Whether :func:`prepare_group` has work for this group: Blosc chunks decoded by the
+    batches' decoders (nvCOMP on a GPU)."""
+    codecs = tasks[0].spec.recipe.bytes_codecs
+    if len(codecs) != 1 or not codecs[0].startswith("blosc-"):
+        return False
+    return device.name != "gpu" or decodes_on_gpu(blosc.STREAMS[codecs[0][len("blosc-") :]], decode)
+
+
+def prepare_group(tasks: list[Any], device: Any, decode: str) -> None:
+    """Start, on the current stream, what a group of staged tasks needs before its decode and
+    that can run while the batch before it decodes (:func:`prepares`): the Blosc chunks'
+    layout and, on a GPU, their streams packed for nvCOMP with their structure checks
+    started; kept on ``tasks[0].ready`` for :func:`decode_group`."""
+    if not prepares(tasks, device, decode):
+        return
+    cname = tasks[0].spec.recipe.bytes_codecs[0][len("blosc-") :]
+    buffer, lay = _blosc_layout(tasks, cname, tasks[0].spec.recipe.nbytes, device)
+    tasks[0].ready = (buffer, lay, blosc.ready_streams(device, buffer, lay))
+
+
+def _blosc_layout(tasks: list[Any], cname: str, expected: int, device: Any) -> tuple[Any, blosc.Layout]:
+    """The buffer holding a group's Blosc chunks and their layout (:func:`.blosc.layout`)."""
     xp = device.xp
     staging = tasks[0].staging
     if staging is not None and all(t.staging is staging for t in tasks):
@@ -125,13 +144,30 @@ def _decode_blosc(
         return blosc.le32(device.to_host(buffer[xp.asarray(positions[:, None] + np.arange(4)[None, :])]))
 
     try:
-        lay = blosc.layout(read_u32, starts, lengths, expected, cname)
-        clock.lap("blosc layout")
+        return buffer, blosc.layout(read_u32, starts, lengths, expected, cname)
+    except blosc.BloscLayoutError as exc:
+        raise tasks[exc.index].error(str(exc)) from exc
+
+
+def _decode_blosc(
+    tasks: list[Any], cname: str, expected: int, device: Any, clock: Any, last: bool, decode: str
+) -> None:
+    """Blosc chunks: structure checked on the host, streams decoded in batches, blocks unshuffled."""
+    ready, tasks[0].ready = getattr(tasks[0], "ready", None), None
+    if ready is None:
+        buffer, lay = _blosc_layout(tasks, cname, expected, device)
+        streams = None
+    else:
+        buffer, lay, streams = ready
+    clock.lap("blosc layout")
+    try:
         targets = [t.target for t in tasks] if last else None
         if device.name == "gpu" and not decodes_on_gpu(blosc.STREAMS[cname], decode):
             owners, views = blosc.decode_chunks_on_host([t.data for t in tasks], expected, device, targets)
         else:
-            owners, views = blosc.decode_chunks(buffer, lay, len(tasks), expected, device, clock.lap, targets)
+            owners, views = blosc.decode_chunks(
+                buffer, lay, len(tasks), expected, device, clock.lap, targets, streams
+            )
     except blosc.BloscLayoutError as exc:
         raise tasks[exc.index].error(str(exc)) from exc
     except DecodeTimeout as exc:

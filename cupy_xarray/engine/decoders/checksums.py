@@ -199,12 +199,21 @@ def compute(kind: str, ptrs: np.ndarray, lens: np.ndarray) -> np.ndarray:
 def lz4_check(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> np.ndarray:
     """:func:`lz4_walk_host` of LZ4 blocks on the device (addresses, stored and decoded
     lengths): one status per block on the host, 0 where the block is sound."""
+    if len(ptrs) == 0:
+        return np.zeros(0, np.int64)
+    return lz4_check_start(ptrs, lens, want).get()
+
+
+def lz4_check_start(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> Any:
+    """:func:`lz4_check` launched on the current stream, not waited for: the statuses as a
+    device array (each block's walk is a long chain of dependent reads, so a caller can
+    decode other streams meanwhile)."""
     import cupy
 
     count = len(ptrs)
-    if count == 0:
-        return np.zeros(0, np.int64)
     status = cupy.empty(count, dtype=cupy.int64)
+    if count == 0:
+        return status
     args = (
         cupy.asarray(np.asarray(ptrs, dtype=np.uint64)),
         cupy.asarray(np.asarray(lens, dtype=np.int64)),
@@ -213,7 +222,7 @@ def lz4_check(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> np.ndarra
         np.int32(count),
     )
     _kernel("lz4_walk")(((count + 127) // 128,), (128,), args)
-    return status.get()
+    return status
 
 
 #: checksum kinds (:attr:`~.base.StreamDecoder.checksum`), as messages name them

@@ -11,6 +11,7 @@ small blocks fill the GPU.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
@@ -20,11 +21,21 @@ from .base import Rates, StreamDecoder
 class _LZ4(StreamDecoder):
     nvcomp = "LZ4"
 
-    def check_on_gpu(self, ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> tuple[int, str] | None:
-        from .checksums import lz4_check
+    def start_check_on_gpu(
+        self, ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray
+    ) -> Callable[[], tuple[int, str] | None]:
+        import cupy
 
-        bad = np.flatnonzero(lz4_check(ptrs, lens, want))
-        return (int(bad[0]), f"{self.name} block is malformed or truncated") if len(bad) else None
+        from .checksums import lz4_check_start
+
+        status = lz4_check_start(ptrs, lens, want)
+        launched_on = cupy.cuda.get_current_stream()
+
+        def verdict() -> tuple[int, str] | None:
+            bad = np.flatnonzero(status.get(stream=launched_on))  # waits for the walk itself
+            return (int(bad[0]), f"{self.name} block is malformed or truncated") if len(bad) else None
+
+        return verdict
 
     def decode_host(self, src: np.ndarray, expected: int, into: np.ndarray | None = None) -> np.ndarray:
         from numcodecs import LZ4 as NumcodecsLZ4

@@ -122,6 +122,11 @@ def status_text(status: int) -> str:
     return f"nvCOMP status {int(status)}" + (f" ({name})" if name else "")
 
 
+#: the longest pause between two looks at a decode that has not finished: what a decode may
+#: finish before it is noticed (a batch calls nvCOMP once per codec, each call costs ms)
+WAIT_POLL_S = 2e-4
+
+
 class DecodeTimeout(RuntimeError):
     """A batched decode did not finish in :data:`DECODE_TIMEOUT` seconds."""
 
@@ -147,7 +152,7 @@ def wait(stream: Any, what: str) -> None:
                 "stay busy: restart the Python process (CUPY_XARRAY_DECODE_TIMEOUT sets the limit)"
             )
         time.sleep(pause)
-        pause = min(pause * 2, 1e-3)
+        pause = min(pause * 2, WAIT_POLL_S)
 
 
 class BatchedDecoder:
