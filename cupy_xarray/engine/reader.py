@@ -32,6 +32,7 @@ from .decoders import (
     prepare_group,
     prepares,
     stream_lead,
+    while_decoding,
     writes_into_output,
 )
 from .io import ReadOp
@@ -467,6 +468,22 @@ def _prepares(batch: list[_Task], device: Device, decode: str) -> bool:
 def _side(device: Device) -> Any:
     """The stream work started ahead runs on (:func:`.host.side_stream`); none on the CPU."""
     return host.side_stream(device.xp) if device.name == "gpu" else contextlib.nullcontext()
+
+
+def _ahead(batch: list[_Task], waiter: Any, device: Device, decode: str, state: dict):
+    """The work that starts ``batch``'s checks on the side stream once its reads have
+    landed, run while the batch before it decodes; it records ``started``, or the ``error``
+    (raised by the reader after that decode)."""
+
+    def work() -> None:
+        try:
+            waiter.wait()
+            with _side(device):
+                state["started"] = _start_ahead(batch, device, decode)
+        except BaseException as exc:  # noqa: BLE001 - raised once the decode it overlaps is done
+            state["error"] = exc
+
+    return work
 
 
 def _start_ahead(batch: list[_Task], device: Device, decode: str) -> bool:
@@ -909,7 +926,7 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     jobs = host.start(on_host, outs, device, inline=alone)
                 if batches:
                     pending.append(_submit(session, batches[0], outs, device))
-                ahead = False  # the next batch's checks are started (on the side stream)
+                ahead: dict = {}  # the next batch's checks, started while this one decodes
                 for b, batch in enumerate(batches):
                     if b + 1 < len(batches):
                         pending.append(_submit(session, batches[b + 1], outs, device))
@@ -917,17 +934,19 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     waiter, _staging = pending.pop(0)
                     waiter.wait()
                     clock.lap("io wait")
-                    if not ahead:
+                    if not ahead.pop("started", False):
                         _start_ahead(batch, device, decode)
-                    ahead = False
-                    if b + 1 < len(batches) and _prepares(batches[b + 1], device, decode):
-                        # the next batch's structure checks run while this batch decodes:
-                        # its reads are waited for first (they take a fraction of the checks)
-                        pending[0][0].wait()
-                        with _side(device):
-                            ahead = _start_ahead(batches[b + 1], device, decode)
-                        clock.lap("checks ahead")
-                    _finish(batch, outs, device, clock, decode)
+                    nxt = batches[b + 1] if b + 1 < len(batches) else None
+                    if nxt is not None and _prepares(nxt, device, decode):
+                        work = _ahead(nxt, pending[0][0], device, decode, ahead)
+                        with while_decoding(work):
+                            _finish(batch, outs, device, clock, decode)
+                        if not ahead:  # no decode of this batch ran on the GPU: now, then
+                            work()
+                        if "error" in ahead:
+                            raise ahead.pop("error")
+                    else:
+                        _finish(batch, outs, device, clock, decode)
                     device.synchronize()  # staging memory is reused by the next batch's reads
                     clock.lap("sync")
                     if bar is not None:

@@ -28,6 +28,7 @@ from .chain import (
     prepares,
     writes_into_output,
 )
+from .nvcomp import while_decoding
 from .registry import (
     DECODE_CHOICES,
     compressor,
@@ -58,5 +59,6 @@ __all__ = [
     "stream_bytes",
     "stream_kind",
     "stream_lead",
+    "while_decoding",
     "writes_into_output",
 ]

@@ -16,11 +16,13 @@ returns None otherwise, and the engine keeps the Python API.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -125,6 +127,22 @@ def status_text(status: int) -> str:
 #: the longest pause between two looks at a decode that has not finished: what a decode may
 #: finish before it is noticed (a batch calls nvCOMP once per codec, each call costs ms)
 WAIT_POLL_S = 2e-4
+
+
+_meanwhile = threading.local()
+
+
+@contextlib.contextmanager
+def while_decoding(work: Callable[[], None]) -> Iterator[None]:
+    """Run ``work`` on this thread once the next batched decode this thread starts in the
+    block is queued on the GPU, before waiting for it: host work (and GPU work on another
+    stream) that overlaps the decode. ``work`` must not raise; it is dropped when no decode
+    starts in the block."""
+    _meanwhile.work = work
+    try:
+        yield
+    finally:
+        _meanwhile.work = None
 
 
 class DecodeTimeout(RuntimeError):
@@ -242,6 +260,10 @@ class BatchedDecoder:
         )  # fmt: skip
         if status != 0:
             raise RuntimeError(f"nvCOMP {self.algo}: batched decode failed to launch (status {status})")
+        work = getattr(_meanwhile, "work", None)
+        if work is not None:
+            _meanwhile.work = None
+            work()
         try:
             wait(cupy.cuda.get_current_stream(), f"nvCOMP {self.algo} decode of {n} streams")
         except DecodeTimeout:
