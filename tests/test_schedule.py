@@ -376,6 +376,12 @@ def test_reads_beside_other_reads_teach_nothing(monkeypatch):
     reader._learn([d], [t], GPU, second, jobs)
     assert first.crowded and second.crowded and len(taught) == 1
     assert not reader._active
+    # a remote read: the fetch threads shared the CPU with the decode
+    fetched = SimpleNamespace(spec=t.spec, nbytes=t.nbytes, blob=np.zeros(4, np.uint8))
+    alone = reader._Clock(cpu)
+    with reader._running(alone):
+        reader._learn([d], [fetched], GPU, alone, jobs)
+    assert len(taught) == 1
 
 
 def test_batch_size_is_chosen_per_read_unless_given():

@@ -68,6 +68,7 @@ class _Clock:
         self.stats: dict[str, float] = defaultdict(float)
         self.groups: dict[int, float] = defaultdict(float)  # decode seconds per recipe
         self.crowded = False  # another read ran beside this one (its timings are not its own)
+        self.ahead = 0.0  # seconds of the next batch's work run inside this batch's decodes
         self.t = time.perf_counter()
 
     def lap(self, phase: str) -> None:
@@ -470,18 +471,21 @@ def _side(device: Device) -> Any:
     return host.side_stream(device.xp) if device.name == "gpu" else contextlib.nullcontext()
 
 
-def _ahead(batch: list[_Task], waiter: Any, device: Device, decode: str, state: dict):
+def _ahead(batch: list[_Task], waiter: Any, device: Device, decode: str, state: dict, clock: _Clock):
     """The work that starts ``batch``'s checks on the side stream once its reads have
     landed, run while the batch before it decodes; it records ``started``, or the ``error``
-    (raised by the reader after that decode)."""
+    (raised by the reader after that decode), and its time in ``clock.ahead``."""
 
     def work() -> None:
+        t0 = time.perf_counter()
         try:
             waiter.wait()
             with _side(device):
                 state["started"] = _start_ahead(batch, device, decode)
         except BaseException as exc:  # noqa: BLE001 - raised once the decode it overlaps is done
             state["error"] = exc
+        finally:
+            clock.ahead += time.perf_counter() - t0
 
     return work
 
@@ -500,10 +504,11 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decod
     groups = _groups(batch)
     xp = device.xp
     for key, group in groups.items():
-        t0 = time.perf_counter()
+        t0, ahead = time.perf_counter(), clock.ahead
         if group[0].spec.recipe.bytes_codecs:
             decode_group(group, device, clock, decode)
-            clock.groups[key] += time.perf_counter() - t0
+            # the group's own decode time: the scheduler learns rates from it
+            clock.groups[key] += time.perf_counter() - t0 - (clock.ahead - ahead)
         for t in group:
             if t.landed:
                 continue
@@ -750,6 +755,8 @@ def _learn(
         return
     if clock.crowded:  # other reads ran beside this one: the timings are not its own
         return
+    if any(getattr(t, "blob", None) is not None for t in tasks):  # fetches shared the CPU
+        return
     spent = jobs.spent()
     sizes = {id(t.spec.recipe): t.spec.recipe.nbytes for t in tasks}
     for d in decisions:
@@ -938,7 +945,7 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                         _start_ahead(batch, device, decode)
                     nxt = batches[b + 1] if b + 1 < len(batches) else None
                     if nxt is not None and _prepares(nxt, device, decode):
-                        work = _ahead(nxt, pending[0][0], device, decode, ahead)
+                        work = _ahead(nxt, pending[0][0], device, decode, ahead, clock)
                         with while_decoding(work):
                             _finish(batch, outs, device, clock, decode)
                         if not ahead:  # no decode of this batch ran on the GPU: now, then
