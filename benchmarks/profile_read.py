@@ -59,6 +59,8 @@ def main() -> None:
         ("lz4-1MiB", (1, 256, 1024), zn.LZ4()),
         ("none-32MiB", (8, 1024, 1024), None),
         ("blosc-lz4-4MiB", (1, 1024, 1024), zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")),
+        # tiles: a chunk is not one run of the output (decoded into scratch, then scattered)
+        ("blosc-lz4-tiles", (4, 512, 512), zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")),
         (
             "blosc-zstd-4MiB",
             (1, 1024, 1024),
