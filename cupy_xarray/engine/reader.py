@@ -176,21 +176,36 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
                 )
             tasks.append(_Task(out, spec, p, path, key, 0, st.st_size))
         return tasks, missing
-    per_shard = spec.shard.chunks_per_shard(spec.chunks)
     indexes: dict[tuple[int, ...], Any] = {}
-    for p in pieces:
-        shard = tuple(c // n for c, n in zip(p.coords, per_shard))
-        local = tuple(c % n for c, n in zip(p.coords, per_shard))
+    for p, (shard, local) in zip(pieces, _places(spec, pieces)):
         if shard not in indexes:
             indexes[shard] = read_shard_index(spec, shard, checked)
-        index = indexes[shard]
-        if index is None or index[local + (0,)] == EMPTY:
+        found = _inner(spec, shard, local, indexes[shard])
+        if found is None:
             missing += 1
             continue
-        offset, nbytes = (int(v) for v in index[local])
-        key = f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
+        offset, nbytes, key = found
         tasks.append(_Task(out, spec, p, spec.chunk_path(shard), key, offset, nbytes))
     return tasks, missing
+
+
+def _places(spec: ArraySpec, pieces: list[ChunkPiece]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each piece's shard, and its chunk's place in that shard (a sharded array)."""
+    per_shard = spec.shard.chunks_per_shard(spec.chunks)
+    places = []
+    for p in pieces:
+        shard = tuple(c // n for c, n in zip(p.coords, per_shard))
+        places.append((shard, tuple(c % n for c, n in zip(p.coords, per_shard))))
+    return places
+
+
+def _inner(spec: ArraySpec, shard: tuple[int, ...], local: tuple[int, ...], index: Any) -> tuple | None:
+    """Where inner chunk ``local`` lies in its shard, from the shard's index: (offset, nbytes,
+    the name errors give it); None where the shard or the chunk does not exist."""
+    if index is None or index[local + (0,)] == EMPTY:
+        return None
+    offset, nbytes = (int(v) for v in index[local])
+    return offset, nbytes, f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
 
 
 def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | None = None):
@@ -213,19 +228,16 @@ def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | 
             else:
                 tasks.append(_Task(out, spec, p, source.location(key), key, 0, len(blob), blob=blob))
         return tasks, missing
-    per_shard = spec.shard.chunks_per_shard(spec.chunks)
-    shard_of = [tuple(c // n for c, n in zip(p.coords, per_shard)) for p in pieces]
-    known = _known_indexes(spec, shard_of, source.shard_indexes if indexes is None else indexes)
+    places = _places(spec, pieces)
+    cache = source.shard_indexes if indexes is None else indexes
+    known = _known_indexes(spec, [shard for shard, _ in places], cache)
     wanted: dict[tuple[int, ...], list[tuple[ChunkPiece, int, int, str]]] = {}
-    for p, shard in zip(pieces, shard_of):
-        local = tuple(c % n for c, n in zip(p.coords, per_shard))
-        index = known[shard]
-        if index is None or index[local + (0,)] == EMPTY:
+    for p, (shard, local) in zip(pieces, places):
+        found = _inner(spec, shard, local, known[shard])
+        if found is None:
             missing.append(p)
             continue
-        offset, nbytes = (int(v) for v in index[local])
-        key = f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
-        wanted.setdefault(shard, []).append((p, offset, nbytes, key))
+        wanted.setdefault(shard, []).append((p, *found))
     requests, members = [], []
     for shard, items in wanted.items():
         for start, end, held in coalesce([(o, o + n) for _, o, n, _ in items]):
@@ -320,8 +332,7 @@ def _shard_indexes(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]]) -> dic
     indexes: dict = {}
     for _, spec, pieces in remote:
         if spec.shard is not None:
-            per_shard = spec.shard.chunks_per_shard(spec.chunks)
-            shards = [tuple(c // n for c, n in zip(p.coords, per_shard)) for p in pieces]
+            shards = [shard for shard, _ in _places(spec, pieces)]
             for sh, index in _known_indexes(spec, shards, spec.source.shard_indexes).items():
                 indexes[id(spec), sh] = index
     return indexes
