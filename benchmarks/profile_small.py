@@ -1,9 +1,12 @@
 """Where small reads spend their time: a host profile of many small selections in one
-thread, and the phase times (threads' seconds included) of one eager read, per store.
+thread, the phase times (threads' seconds included) of one eager read, and with ``--dask``
+a host profile of a dask ``chunks={}`` read (one task per stored chunk), per store.
 
-Usage (GPU machine, on stores written by ``read_patterns.py``)::
+Usage (GPU machine, on stores written by ``read_patterns.py``, or written here with
+``--write``)::
 
     python benchmarks/profile_small.py /tmp/bench/zstd-tiles.zarr /tmp/bench/uncompressed-tiles.zarr
+    python benchmarks/profile_small.py --write /tmp/bench --stores "zstd tiles 1MiB,zstd tiles" --dask
 """
 
 from __future__ import annotations
@@ -25,11 +28,27 @@ def main() -> None:
     from cupy_xarray.engine import reader
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("stores", nargs="+")
+    ap.add_argument("paths", nargs="*")
+    ap.add_argument("--write", default=None, help="write read_patterns.py's --stores here and profile them")
+    ap.add_argument("--stores", default="zstd tiles 1MiB,zstd tiles")
+    ap.add_argument("--size-gib", type=float, default=1.0)
+    ap.add_argument("--dask", action="store_true", help="also profile a chunks={} read")
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--top", type=int, default=22)
     args = ap.parse_args()
-    for path in args.stores:
+    paths = list(args.paths)
+    if args.write:
+        from pathlib import Path
+
+        from read_patterns import SIDE, store_specs, write_store
+
+        t = max(4, int(round(args.size_gib * 2**30 / (SIDE * SIDE * 4))))
+        specs = store_specs(t)
+        for name in args.stores.split(","):
+            path = Path(args.write) / (name.strip().replace(" ", "-") + ".zarr")
+            write_store(path, specs[name.strip()])
+            paths.append(str(path))
+    for path in paths:
         ds = xr.open_dataset(path, engine="kvikio")
         field = ds["field"]
         t_len, side = field.shape[0], field.shape[1]
@@ -62,6 +81,25 @@ def main() -> None:
         print(f"eager read {time.perf_counter() - t0:.3f} s; phases (s):",
               {k: round(v, 4) for k, v in reader.last_read_stats.items()})  # fmt: skip
         print("decisions:", [str(d) for d in reader.last_read_decisions])
+        if args.dask:
+            lazy = xr.open_dataset(path, engine="kvikio", chunks={})["field"].data
+            lazy.compute()
+            cupy.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            lazy.compute()
+            cupy.cuda.Device().synchronize()
+            dt = time.perf_counter() - t0
+            per = dt / lazy.npartitions * 1e3
+            print(f"dask chunks={{}}: {dt:.3f} s, {lazy.npartitions} tasks, {per:.2f} ms per task, "
+                  f"{lazy.nbytes / dt / 1e9:.2f} GB/s; phases of the last task (s):",
+                  {k: round(v, 4) for k, v in reader.last_read_stats.items()})  # fmt: skip
+            prof = cProfile.Profile()
+            prof.enable()
+            lazy.compute()
+            prof.disable()
+            stats = pstats.Stats(prof)
+            stats.sort_stats("tottime").print_stats(args.top)
+            stats.sort_stats("cumulative").print_stats(args.top)
 
 
 if __name__ == "__main__":

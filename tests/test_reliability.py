@@ -324,3 +324,36 @@ def test_opening_on_the_gpu_starts_cuda_once_per_device(monkeypatch):
     assert done.wait(5)
     dev.start_gpu(fake)
     assert calls == [("set", 7), ("free", 0)]
+
+
+@pytest.mark.parametrize("compressors", [None, ZSTD], ids=["uncompressed", "zstd"])
+def test_at_most_two_batches_of_staging_are_alive(tmp_path, device, compressors):
+    """A read in many batches holds the staging of two at a time (the one decoding and the
+    next one's reads), never a third: the bound the documented peak memory rests on."""
+    import weakref
+
+    from cupy_xarray.device import cpu_device, gpu_device
+    from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.schedule import Scheduler
+
+    dev = gpu_device(2) if device == "gpu" else cpu_device(2)
+    data = (np.arange(16 * 64 * 64, dtype="float32") % 977).reshape(16, 64, 64)
+    a = zarr.create_array(tmp_path / "s.zarr", data=data, chunks=(1, 32, 32), compressors=compressors)
+    alive: list = []
+    most = [0]
+    allocate = dev.empty
+
+    def tracked(shape, dtype):
+        buf = allocate(shape, dtype)
+        if np.dtype(dtype) == np.uint8 and len(shape) == 1:  # a batch's staging
+            alive.append(weakref.ref(buf))
+            gc.collect()
+            most[0] = max(most[0], sum(r() is not None for r in alive))
+        return buf
+
+    dev.empty = tracked
+    request = (array_spec(a, name="v"), (slice(None),) * 3)
+    (got,) = read_arrays([request], dev, batch_bytes=16 * 1024, scheduler=Scheduler(force="batch"))
+    np.testing.assert_array_equal(host(got), data)
+    assert len(alive) >= 8, len(alive)  # many batches, each with its own staging
+    assert most[0] <= 2, f"{most[0]} batches' staging alive at once"

@@ -949,7 +949,7 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     if b + 1 < len(batches):
                         pending.append(_submit(session, batches[b + 1], outs, device))
                     clock.lap("submit")
-                    waiter, _staging = pending.pop(0)
+                    waiter = pending.pop(0)[0]
                     waiter.wait()
                     clock.lap("io wait")
                     if not ahead.pop("started", False):
@@ -966,6 +966,9 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     else:
                         _finish(batch, outs, device, clock, decode)
                     device.synchronize()  # staging memory is reused by the next batch's reads
+                    # hold no reference to this batch's staging: the next batch's is allocated
+                    # before this loop comes back, and only two may be alive at once
+                    waiter = None
                     clock.lap("sync")
                     if bar is not None:
                         bar.update(_progress_bytes(batch))
