@@ -42,7 +42,7 @@ def main() -> None:
 
         from read_patterns import SIDE, store_specs, write_store
 
-        t = max(4, int(round(args.size_gib * 2**30 / (SIDE * SIDE * 4))))
+        t = max(8, int(args.size_gib * 2**30 / (SIDE * SIDE * 4)) // 4 * 4)  # as read_patterns.py
         specs = store_specs(t)
         for name in args.stores.split(","):
             path = Path(args.write) / (name.strip().replace(" ", "-") + ".zarr")
