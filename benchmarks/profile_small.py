@@ -22,6 +22,7 @@ os.environ["CUPY_XARRAY_PROFILE"] = "1"
 
 def main() -> None:
     import cupy
+    import dask
     import numpy as np
     import xarray as xr
 
@@ -75,12 +76,16 @@ def main() -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
         _ = field.data
         cupy.cuda.Device().synchronize()
+        prof = cProfile.Profile()
         t0 = time.perf_counter()
+        prof.enable()
         _ = xr.open_dataset(path, engine="kvikio")["field"].data
         cupy.cuda.Device().synchronize()
-        print(f"eager read {time.perf_counter() - t0:.3f} s; phases (s):",
+        prof.disable()
+        print(f"eager read {time.perf_counter() - t0:.3f} s (profiled); phases (s):",
               {k: round(v, 4) for k, v in reader.last_read_stats.items()})  # fmt: skip
         print("decisions:", [str(d) for d in reader.last_read_decisions])
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(args.top)
         if args.dask:
             lazy = xr.open_dataset(path, engine="kvikio", chunks={})["field"].data
             lazy.compute()
@@ -93,10 +98,16 @@ def main() -> None:
             print(f"dask chunks={{}}: {dt:.3f} s, {lazy.npartitions} tasks, {per:.2f} ms per task, "
                   f"{lazy.nbytes / dt / 1e9:.2f} GB/s; phases of the last task (s):",
                   {k: round(v, 4) for k, v in reader.last_read_stats.items()})  # fmt: skip
-            prof = cProfile.Profile()
-            prof.enable()
-            lazy.compute()
-            prof.disable()
+            with dask.config.set(scheduler="synchronous"):  # every task on this thread: profiled
+                lazy.compute()
+                t0 = time.perf_counter()
+                lazy.compute()
+                dt = time.perf_counter() - t0
+                print(f"one thread: {dt / lazy.npartitions * 1e3:.2f} ms per task")
+                prof = cProfile.Profile()
+                prof.enable()
+                lazy.compute()
+                prof.disable()
             stats = pstats.Stats(prof)
             stats.sort_stats("tottime").print_stats(args.top)
             stats.sort_stats("cumulative").print_stats(args.top)

@@ -11,10 +11,10 @@ libzstd, zlib, liblz4, c-blosc after the engine's own Blosc layout check, crc32c
   2-D copies where the piece is a box of rows (:func:`~.scatter.box_copies`), else into a
   scratch buffer of one chunk that is scattered on the GPU.
 
-Memory beside the output is bounded by the pool: per thread, one chunk's stored bytes
-(kept by the thread for its next chunk; pinned for a GPU read of uncompressed chunks) and
-one chunk's decoded bytes on the host (pinned for a GPU read, from cupy's pinned pool), and
-for a GPU read of tiles one decoded chunk on the device, given back when the job ends.
+Memory beside the output is bounded by the pool: per thread, one chunk's stored bytes and
+one chunk's decoded bytes on the host (kept by the thread for its next chunk; pinned for a
+GPU read: the stored bytes where they are copied to the GPU as they are), and for a GPU read
+of tiles one decoded chunk on the device, given back when the job ends.
 Jobs of concurrent reads share the pool, so reads in many threads never decode on more CPU
 threads than it has.
 """
@@ -149,13 +149,13 @@ def _place_host(task: Any, data: np.ndarray, out: np.ndarray, device: Any) -> No
 
 
 def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict | None, span: tuple) -> None:
-    from .decoders.batch import pinned_buffer
-
     cupy = device.xp
     recipe = task.spec.recipe
     n = recipe.nbytes
     t0 = time.perf_counter()
-    pinned = pinned_buffer(n + 8) if recipe.bytes_codecs else None
+    # the thread's own pinned buffer: a pinned allocation per chunk costs more than
+    # decoding a small one, and the copies below end before the thread's next job
+    pinned = _buffer("decoded", n + 8, pinned=True) if recipe.bytes_codecs else None
     data = decode_on_host(task, stored, pinned) if recipe.bytes_codecs else stored
     t1 = time.perf_counter()
     if len(data) < n:
@@ -164,7 +164,7 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
     rt = cupy.cuda.runtime
     h2d = rt.memcpyHostToDevice
     src = data.ctypes.data
-    with stream:
+    with stream, _synchronized(stream):  # the host buffers are reused by this thread's next job
         if task.target is not None:
             rt.memcpyAsync(task.target.data.ptr, src, n, h2d, stream.ptr)
         elif task.copy is not None:
@@ -180,10 +180,19 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
             if hi > lo:
                 rt.memcpyAsync(scratch.data.ptr + lo, src + lo, hi - lo, h2d, stream.ptr)
             place_chunk(cupy, out, scratch, recipe, task.piece)
-        stream.synchronize()  # the host buffers are reused by this thread's next job
     if stats is not None:
         stats["host decode (thread-s)"] += t1 - t0
         stats["host to GPU (thread-s)"] += time.perf_counter() - t1
+
+
+@contextlib.contextmanager
+def _synchronized(stream: Any):
+    """Wait for ``stream`` on the way out, an error's way too: copies from this thread's
+    buffers must end before the buffers are reused."""
+    try:
+        yield
+    finally:
+        stream.synchronize()
 
 
 class Jobs:
