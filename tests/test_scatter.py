@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import host
 
 from cupy_xarray.engine import scatter
 from cupy_xarray.engine.plan import normalize_selection, output_shape, plan_chunks
@@ -101,3 +102,98 @@ def test_pieces_that_are_not_boxes_are_left_to_the_scatter():
     (whole,) = plan_chunks(normalize_selection((slice(None),) * 2, (4, 32)), (4, 32), (4, 32))
     assert box_copies(swapped, whole, (4, 32)) is None
     assert box_copies(recipe, whole, (4, 32)) == [(0, 0, 512, 1, 512, 512)]
+
+
+def _boxes_against_scatter(xp, shape, chunks, dtype, seed):
+    """Place every piece of random selections with :class:`Boxes` (one run per selection)
+    and with the scatter; the same output, and the pieces that are not boxes refused."""
+    rng = np.random.default_rng(seed)
+    recipe = ChunkRecipe(shape=chunks, dtype=np.dtype(dtype))
+    grid = [-(-n // c) for n, c in zip(shape, chunks)]
+    sources = {}
+    placed = 0
+    for sel in _selections(rng, shape):
+        nsel = normalize_selection(sel, shape)
+        oshape = output_shape(nsel, shape)
+        want = xp.zeros(oshape, dtype)
+        got = xp.zeros(oshape, dtype)
+        boxes = scatter.Boxes(got)
+        for piece in plan_chunks(nsel, shape, chunks):
+            assert all(c < g for c, g in zip(piece.coords, grid))
+            if piece.coords not in sources:  # each chunk its own bytes, with a tail past the chunk
+                raw = rng.integers(0, 255, size=recipe.nbytes + 24, dtype=np.uint8)
+                sources[piece.coords] = xp.asarray(raw)
+            data = sources[piece.coords]
+            place_chunk(xp, want, data, recipe, piece)
+            if not boxes.add(data, recipe, piece):
+                assert any(isinstance(s, slice) and s.step not in (None, 1) for s in piece.chunk_sel), piece
+                place_chunk(xp, got, data, recipe, piece)
+        placed += boxes.run(xp)
+        np.testing.assert_array_equal(host(got), host(want), err_msg=str(sel))
+    assert placed > 50
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    "shape, chunks, dtype",
+    [
+        ((8, 96, 80), (4, 32, 40), "f4"),
+        ((50, 70), (16, 64), "i2"),
+        ((300,), (128,), "f8"),
+        ((6, 5, 4, 70), (3, 5, 4, 64), "u1"),
+        ((3, 40000), (2, 33000), "f4"),  # rows wider than one segment of the GPU kernel
+    ],
+)
+def test_boxes_place_what_the_scatter_places(device, shape, chunks, dtype):
+    if device == "gpu":
+        import cupy as xp
+    else:
+        xp = np
+    _boxes_against_scatter(xp, shape, chunks, dtype, seed=len(shape) + chunks[-1])
+
+
+def test_boxes_refuse_a_copy_past_its_chunk():
+    recipe = ChunkRecipe(shape=(4, 32), dtype=np.dtype("f4"))
+    (whole,) = plan_chunks(normalize_selection((slice(None),) * 2, (4, 32)), (4, 32), (4, 32))
+    boxes = scatter.Boxes(np.zeros((4, 32), "f4"))
+    assert boxes.add(np.zeros(recipe.nbytes - 4, np.uint8), recipe, whole)  # 4 bytes short
+    with pytest.raises(ValueError, match="reaches past"):
+        boxes.run(np)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("compressors", [None, "zstd"])
+def test_batched_tiles_are_placed_by_boxes_alone(tmp_path, monkeypatch, device, compressors):
+    """A read of tiles in batches places every piece with the batch's :class:`Boxes`, no
+    scatter per piece, and gets zarr-python's values."""
+    import zarr
+
+    from cupy_xarray.device import resolve_device
+    from cupy_xarray.engine import array_spec, read_arrays, reader
+    from cupy_xarray.engine.schedule import Scheduler
+
+    data = (np.arange(12 * 40 * 50, dtype="f4") % 251).reshape(12, 40, 50)
+    codecs = None if compressors is None else zarr.codecs.ZstdCodec(level=1)
+    a = zarr.create_array(tmp_path / "t.zarr", data=data, chunks=(5, 16, 16), compressors=codecs)
+    runs = []
+    real_run = scatter.Boxes.run
+
+    def counted(self, xp):
+        runs.append(real_run(self, xp))
+        return runs[-1]
+
+    def refused(*args):
+        raise AssertionError("a piece was scattered on its own")
+
+    monkeypatch.setattr(scatter.Boxes, "run", counted)
+    monkeypatch.setattr(reader, "place_chunk", refused)
+    spec = array_spec(a, name="t")
+    for k, sel in enumerate(
+        [(slice(None),) * 3, (slice(2, 11), 5, slice(3, 47)), (1, slice(None), slice(20, 21))]
+    ):
+        runs.clear()
+        (got,) = read_arrays(
+            [(spec, sel)], resolve_device(device), batch_bytes=40000, scheduler=Scheduler(force="batch")
+        )
+        np.testing.assert_array_equal(host(got), a[sel], err_msg=str(sel))
+        assert sum(runs) > 0 and (k or len(runs) > 1), runs  # the whole array: several batches

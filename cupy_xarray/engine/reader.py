@@ -37,8 +37,8 @@ from .decoders import (
 )
 from .io import ReadOp
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
+from .scatter import Boxes, place_chunk, scatter
 from .scatter import copy_bytes as _copy_bytes
-from .scatter import place_chunk, scatter
 from .schedule import Decision, Scheduler, fixed_route, learn, stream_kind
 from .shards import EMPTY, read_shard_index, remote_shard_indexes, stored_bound
 from .spec import ArraySpec
@@ -520,6 +520,7 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decod
             decode_group(group, device, clock, decode)
             # the group's own decode time: the scheduler learns rates from it
             clock.groups[key] += time.perf_counter() - t0 - (clock.ahead - ahead)
+        boxes: dict[int, Boxes] = {}  # per output: the batch's pieces placed at once
         for t in group:
             if t.landed:
                 continue
@@ -530,7 +531,13 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decod
                 src_off, n, dst = t.copy
                 _copy_bytes(outs[t.out], dst, t.data, src_off, n, device)
                 continue
-            place_chunk(xp, outs[t.out], t.data, recipe, t.piece)
+            placer = boxes.get(t.out)
+            if placer is None:
+                placer = boxes[t.out] = Boxes(outs[t.out])
+            if not placer.add(t.data, recipe, t.piece):
+                place_chunk(xp, outs[t.out], t.data, recipe, t.piece)
+        for placer in boxes.values():
+            placer.run(xp)
         clock.lap("scatter")
         for t in group:
             t.release()

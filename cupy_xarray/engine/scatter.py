@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .spec import ChunkRecipe
 
@@ -78,11 +79,20 @@ BOX_MAX_COPIES = 16
 BOX_MIN_ROW = 512
 
 
-def box_copies(recipe: ChunkRecipe, piece: Any, out_shape: tuple[int, ...]) -> list[tuple] | None:
+def box_copies(
+    recipe: ChunkRecipe,
+    piece: Any,
+    out_shape: tuple[int, ...],
+    max_copies: int | None = None,
+    min_row: int | None = None,
+) -> list[tuple] | None:
     """A piece that selects a box of a C-order chunk (ints and step-1 slices), placed into a
     box of the C-contiguous output, as 2-D copies ``(src, dst, width, height, spitch,
-    dpitch)`` in bytes; None where the piece is not such a box or would need too many copies
-    (:data:`BOX_MAX_COPIES`, :data:`BOX_MIN_ROW`)."""
+    dpitch)`` in bytes; None where the piece is not such a box or would need more than
+    ``max_copies`` copies or rows narrower than ``min_row`` bytes (default
+    :data:`BOX_MAX_COPIES`, :data:`BOX_MIN_ROW`)."""
+    max_copies = BOX_MAX_COPIES if max_copies is None else max_copies
+    min_row = BOX_MIN_ROW if min_row is None else min_row
     if recipe.transpose is not None or recipe.needs_swap or (recipe.order == "F" and len(recipe.shape) > 1):
         return None
     size = recipe.dtype.itemsize
@@ -124,7 +134,7 @@ def box_copies(recipe: ChunkRecipe, piece: Any, out_shape: tuple[int, ...]) -> l
     height, spitch, dpitch = merged[1] if len(merged) > 1 else (1, width, width)
     outer = merged[2:]
     count = int(np.prod([d[0] for d in outer])) if outer else 1
-    if count > BOX_MAX_COPIES or (height > 1 and width < BOX_MIN_ROW):
+    if count > max_copies or (height > 1 and width < min_row):
         return None
     copies = []
     for idx in np.ndindex(*[d[0] for d in reversed(outer)]) if outer else [()]:
@@ -132,3 +142,126 @@ def box_copies(recipe: ChunkRecipe, piece: Any, out_shape: tuple[int, ...]) -> l
         do = dst + sum(i * d[2] for i, d in zip(idx, reversed(outer)))
         copies.append((so, do, width, height, spitch, dpitch))
     return copies
+
+
+#: a piece placed with the other pieces of its batch may take up to this many 2-D copies
+FUSED_MAX_COPIES = 4096
+
+
+def _box_key(recipe: ChunkRecipe, piece: Any) -> tuple | None:
+    """What a piece's copies depend on, but for where its box starts in the output; None
+    for a piece with index arrays (never a box)."""
+    sel = []
+    for s in piece.chunk_sel:
+        if type(s) is slice:
+            sel.append((s.start, s.stop, s.step))
+        elif isinstance(s, int):
+            sel.append(s)
+        else:
+            return None
+    return id(recipe), tuple(sel)
+
+
+class Boxes:
+    """Pieces of decoded chunks that are boxes, placed into one C-contiguous output with
+    2-D copies (:func:`box_copies`): all of them with one kernel launch on the GPU, where a
+    scatter per piece costs a launch and tens of microseconds of Python each.
+
+    Parameters
+    ----------
+    out
+        The output (numpy or cupy, C-contiguous).
+    """
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        size = out.dtype.itemsize
+        self._ostride = [size] * out.ndim
+        for k in range(out.ndim - 2, -1, -1):
+            self._ostride[k] = self._ostride[k + 1] * out.shape[k + 1]
+        self._sources: list[Any] = []
+        self._rows: list[np.ndarray] = []
+        self._geometry: dict[tuple, tuple[np.ndarray, int] | None] = {}
+
+    def _base(self, piece: Any) -> int:
+        """Byte offset in the output of the first element a piece's box covers."""
+        return sum(o.start * self._ostride[j] for j, o in enumerate(piece.out_sel))
+
+    def add(self, data: Any, recipe: ChunkRecipe, piece: Any) -> bool:
+        """Queue the copies of ``piece`` from the chunk's decoded bytes ``data`` (1-D uint8,
+        at least ``recipe.nbytes``); False where the piece is not a box (place it with
+        :func:`place_chunk`)."""
+        key = _box_key(recipe, piece)
+        if key is None:
+            return False
+        geometry = self._geometry.get(key, False)
+        if geometry is False:
+            if any(type(o) is not slice for o in piece.out_sel):
+                copies = None
+            else:
+                copies = box_copies(recipe, piece, self.out.shape, FUSED_MAX_COPIES, 0)
+            if copies:
+                geometry = (np.array(copies, dtype=np.int64), self._base(piece))
+            else:
+                geometry = None
+            self._geometry[key] = geometry
+        if geometry is None:
+            return False
+        copies, base = geometry
+        rows = copies.copy()
+        rows[:, 1] += self._base(piece) - base
+        index = len(self._sources)
+        self._sources.append(data)
+        self._rows.append(np.concatenate([np.full((len(rows), 1), index, np.int64), rows], axis=1))
+        return True
+
+    def table(self) -> np.ndarray:
+        """The queued copies, one row each: source index, source offset, output offset,
+        width, height, source pitch, output pitch (bytes). Raises ValueError where a copy
+        would reach past its source or the output (a bug, never a store's doing)."""
+        if not self._rows:
+            return np.empty((0, 7), np.int64)
+        t = np.concatenate(self._rows)
+        lengths = np.array([len(s) for s in self._sources], dtype=np.int64)
+        last = t[:, 4] - 1
+        src_end = t[:, 1] + last * t[:, 5] + t[:, 3]
+        dst_end = t[:, 2] + last * t[:, 6] + t[:, 3]
+        if (t[:, 1:] < 0).any() or (src_end > lengths[t[:, 0]]).any() or (dst_end > self.out.nbytes).any():
+            raise ValueError("a box copy reaches past its chunk or the output")
+        return t
+
+    def run(self, xp: Any) -> int:
+        """Do the queued copies (on the GPU: on the current stream); how many there were."""
+        t = self.table()
+        if len(t):
+            if xp.__name__ == "cupy":
+                _run_gpu(xp, self.out, self._sources, t)
+            else:
+                _run_host(self.out, self._sources, t)
+        self._sources, self._rows = [], []
+        return len(t)
+
+
+def _run_host(out: np.ndarray, sources: list[np.ndarray], t: np.ndarray) -> None:
+    flat = out.reshape(-1).view(np.uint8)
+    for i, s, d, width, height, spitch, dpitch in t.tolist():
+        src = as_strided(sources[i][s:], shape=(height, width), strides=(spitch, 1), writeable=False)
+        as_strided(flat[d:], shape=(height, width), strides=(dpitch, 1))[...] = src
+
+
+#: bytes of a row one block of the copy kernel copies in one go
+_SEGMENT = 16384
+
+
+def _run_gpu(cupy: Any, out: Any, sources: list[Any], t: np.ndarray) -> None:
+    from .decoders.kernels import function
+
+    ptrs = np.array([s.data.ptr for s in sources], dtype=np.int64)
+    table = np.empty((len(t), 6), dtype=np.int64)
+    table[:, 0] = ptrs[t[:, 0]] + t[:, 1]
+    table[:, 1] = out.data.ptr + t[:, 2]
+    table[:, 2:] = t[:, 3:]
+    units = int((t[:, 4] * -(-t[:, 3] // _SEGMENT)).max())
+    grid = (min(len(t), 65535), min(units, 64))
+    args = (cupy.asarray(table), np.int32(len(t)), np.int64(_SEGMENT))
+    function("scatter", "copy_boxes")(grid, (128,), args)

@@ -1,5 +1,5 @@
-"""The engine's CUDA sources, one ``.cu`` file per decoder that launches them, compiled on
-first use (cupy caches the binaries on disk) and shared by every thread."""
+"""The engine's CUDA sources, one ``.cu`` file per module that launches them (a decoder, or
+the scatter), compiled on first use (cupy caches the binaries on disk) and shared by every thread."""
 
 from __future__ import annotations
 
