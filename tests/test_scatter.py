@@ -38,15 +38,16 @@ def _selections(rng, shape):
         yield tuple(sel)
 
 
-@pytest.mark.parametrize(
-    "shape, chunks, dtype",
-    [
-        ((8, 96, 80), (4, 32, 40), "f4"),
-        ((50, 70), (16, 64), "i2"),
-        ((300,), (128,), "f8"),
-        ((6, 5, 4, 70), (3, 5, 4, 64), "u1"),
-    ],
-)
+#: (array shape, chunk shape, dtype) of the geometry tests
+LAYOUTS = [
+    ((8, 96, 80), (4, 32, 40), "f4"),
+    ((50, 70), (16, 64), "i2"),
+    ((300,), (128,), "f8"),
+    ((6, 5, 4, 70), (3, 5, 4, 64), "u1"),
+]
+
+
+@pytest.mark.parametrize("shape, chunks, dtype", LAYOUTS)
 def test_box_copies_place_what_the_scatter_places(shape, chunks, dtype, monkeypatch):
     # the geometry, whatever the limits on copies and row widths
     monkeypatch.setattr(scatter, "BOX_MAX_COPIES", 10**9)
@@ -134,16 +135,8 @@ def _boxes_against_scatter(xp, shape, chunks, dtype, seed):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize(
-    "shape, chunks, dtype",
-    [
-        ((8, 96, 80), (4, 32, 40), "f4"),
-        ((50, 70), (16, 64), "i2"),
-        ((300,), (128,), "f8"),
-        ((6, 5, 4, 70), (3, 5, 4, 64), "u1"),
-        ((3, 40000), (2, 33000), "f4"),  # rows wider than one segment of the GPU kernel
-    ],
-)
+# the last: rows wider than one segment of the GPU kernel
+@pytest.mark.parametrize("shape, chunks, dtype", [*LAYOUTS, ((3, 40000), (2, 33000), "f4")])
 def test_boxes_place_what_the_scatter_places(device, shape, chunks, dtype):
     if device == "gpu":
         import cupy as xp
