@@ -76,6 +76,11 @@ class KvikioBackendArray(BackendArray):
             key, self.shape, indexing.IndexingSupport.OUTER, self._raw_getitem
         )
 
+    def read(self, key: tuple) -> Any:
+        """The selection ``key`` (a tuple of ints, slices and 1-D integer arrays, outer
+        indexing) read through the engine."""
+        return self._raw_getitem(key)
+
     def _raw_getitem(self, key: tuple) -> Any:
         if self._preloaded is not None:
             sel = normalize_selection(key, self.shape)

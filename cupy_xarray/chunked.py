@@ -26,6 +26,32 @@ def _backend_array(data: Any):
     return find_backend_array(data, KvikioBackendArray)
 
 
+def _undecoded_backend(adapter: Any) -> Any:
+    """The engine's array under xarray's wrappers when they neither decode nor select
+    (implicit-to-explicit, copy-on-write, a lazy index of the whole array), else None."""
+    from xarray.core import indexing
+
+    from .backend import KvikioBackendArray
+
+    passing = (
+        indexing.ImplicitToExplicitIndexingAdapter,
+        indexing.CopyOnWriteArray,
+        indexing.MemoryCachedArray,
+    )
+    data = adapter
+    for _ in range(8):
+        if isinstance(data, KvikioBackendArray):
+            return data
+        if isinstance(data, indexing.LazilyIndexedArray):
+            whole = all(k == slice(None) for k in data.key.tuple)
+            if type(data.key) is not indexing.BasicIndexer or not whole or data.shape != data.array.shape:
+                return None
+        elif type(data) not in passing:
+            return None
+        data = getattr(data, "array", None)
+    return None
+
+
 def empty_meta(device: Any, ndim: int, dtype: np.dtype) -> Any:
     """A 0-size array of ``device``'s array type (what dask keeps as ``_meta``)."""
     from .device import empty_on
@@ -42,7 +68,7 @@ class EngineChunkSource:
         xarray's ``ImplicitToExplicitIndexingAdapter`` around the lazily decoded variable.
     """
 
-    __slots__ = ("adapter", "dtype", "ndim", "shape", "token")
+    __slots__ = ("adapter", "direct", "dtype", "ndim", "shape", "token")
 
     def __init__(self, adapter: Any):
         self.adapter = adapter
@@ -50,8 +76,13 @@ class EngineChunkSource:
         self.dtype = adapter.dtype
         self.ndim = len(self.shape)
         self.token = uuid.uuid4().hex
+        self.direct = _undecoded_backend(adapter)
 
     def __getitem__(self, key: Any) -> Any:
+        if self.direct is not None and type(key) is tuple and all(type(k) is slice for k in key):
+            # a block of an array xarray does not transform: its wrappers would only pass the
+            # key on (tens of microseconds of a small task), so the engine is asked at once
+            return self.direct.read(key)
         out = self.adapter[key]
         # xarray hands back lazy wrappers for lazy inputs; a dask block must be an array
         return out.get_duck_array() if hasattr(out, "get_duck_array") else out

@@ -229,3 +229,36 @@ def test_warm_up_starts_every_worker_and_this_process():
         loaded = client.run(lambda: __import__("sys").modules.get("cupy_xarray.engine.reader") is not None)
     assert set(started) == set(loaded) and len(started) == 2
     assert all(v["device"] == "cpu" for v in started.values()) and all(loaded.values())
+
+
+def _source(arr) -> EngineChunkSource:
+    (src,) = [v for v in dict(arr.__dask_graph__()).values() if isinstance(v, EngineChunkSource)]
+    return src
+
+
+def test_blocks_of_untransformed_arrays_are_read_by_the_engine_directly(store, ref, device, monkeypatch):
+    """A block of an array xarray neither decodes nor selects goes straight to the engine;
+    a CF-packed one, and one selected before chunking, go through xarray's wrappers. Each
+    gets engine="zarr"'s values."""
+    from cupy_xarray.backend import KvikioBackendArray
+
+    direct = []
+    real = KvikioBackendArray.read
+
+    def counted(self, key):
+        direct.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(KvikioBackendArray, "read", counted)
+    ds = _open(store, device, {})
+    assert _source(ds.air.data).direct is not None
+    assert _source(ds.packed.data).direct is None  # scale_factor, add_offset, _FillValue
+    np.testing.assert_array_equal(host(ds.air.data.compute()), ref.air.values)
+    assert len(direct) == ds.air.data.npartitions
+    direct.clear()
+    np.testing.assert_array_equal(host(ds.packed.data.compute()), ref.packed.values)
+    pick = {"time": slice(3, 40), "lon": [0, 2, 5]}
+    picked = _open(store, device, None).isel(pick).chunk({"time": 8})
+    assert _source(picked.air.data).direct is None
+    np.testing.assert_array_equal(host(picked.air.data.compute()), ref.air.isel(pick).values)
+    assert not direct
