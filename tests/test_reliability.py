@@ -357,3 +357,37 @@ def test_at_most_two_batches_of_staging_are_alive(tmp_path, device, compressors)
     np.testing.assert_array_equal(host(got), data)
     assert len(alive) >= 8, len(alive)  # many batches, each with its own staging
     assert most[0] <= 2, f"{most[0]} batches' staging alive at once"
+
+
+def test_host_route_groups_small_chunks_into_jobs_and_reports_the_first_error(tmp_path):
+    """Small chunks go to the pool a few at a time (every chunk once, in order, at least four
+    jobs per thread), and a damaged chunk in the middle of a job is the error raised, naming it."""
+    from types import SimpleNamespace
+
+    from cupy_xarray import read_zarr_gds
+    from cupy_xarray.device import cpu_device
+    from cupy_xarray.engine import host
+
+    def task(n):
+        return SimpleNamespace(spec=SimpleNamespace(recipe=SimpleNamespace(nbytes=n)))
+
+    small = [task(2**20) for _ in range(256)]
+    jobs = host.groups(small, 16)
+    assert [t for g in jobs for t in g] == small
+    assert len(jobs) >= 64 and max(len(g) for g in jobs) == 4  # 4 MiB each
+    assert len(host.groups(small[:20], 16)) == 20  # too few to share: one chunk per job
+    big = [task(64 * 2**20) for _ in range(8)]
+    assert host.groups(big, 4) == [[t] for t in big]
+
+    data = (np.arange(64 * 32 * 32, dtype="float32") % 101).reshape(64, 32, 32)
+    xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(
+        tmp_path / "s.zarr", zarr_format=3, encoding={"v": {"chunks": (1, 32, 32), "compressors": ZSTD}}
+    )
+    dev = cpu_device(2)
+    assert len(host.groups([task(4096)] * 64, dev.threads)) < 64  # jobs of several chunks
+    np.testing.assert_array_equal(read_zarr_gds(tmp_path / "s.zarr", device=dev).v.values, data)
+    for k in (9, 41):  # the first damaged chunk of each read is the one named
+        victim = tmp_path / "s.zarr" / "v" / "c" / str(k) / "0" / "0"
+        victim.write_bytes(victim.read_bytes()[:-7])
+        with pytest.raises(ChunkError, match=r"v.*\b9/0/0\b"):
+            read_zarr_gds(tmp_path / "s.zarr", device=dev)
