@@ -1,6 +1,7 @@
 """The host route: one CPU thread reads a chunk, decodes and checks it, and places it.
 
-Each chunk is one job on a shared pool of CPU threads: ``os.preadv`` of its stored bytes,
+Chunks are jobs on a shared pool of CPU threads (small ones a few to a job, :func:`groups`),
+each chunk in turn: ``os.preadv`` of its stored bytes,
 its byte codecs in decode order (the same decoders and checks as the batched CPU path:
 libzstd, zlib, liblz4, c-blosc after the engine's own Blosc layout check, crc32c), then:
 
