@@ -391,3 +391,29 @@ def test_host_route_groups_small_chunks_into_jobs_and_reports_the_first_error(tm
         victim.write_bytes(victim.read_bytes()[:-7])
         with pytest.raises(ChunkError, match=r"v.*\b9/0/0\b"):
             read_zarr_gds(tmp_path / "s.zarr", device=dev)
+
+
+def test_small_cpu_reads_run_on_the_calling_thread(tmp_path, monkeypatch):
+    """A CPU read of one chunk (or of little in all) reads on the calling thread, without a
+    hand-off to the pool and back; larger reads go to the pool. Both get zarr's values."""
+    from cupy_xarray import read_zarr_gds
+    from cupy_xarray.engine import io
+
+    data = (np.arange(8 * 256 * 256, dtype="float32") % 97).reshape(8, 256, 256)
+    xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(
+        tmp_path / "s.zarr", zarr_format=3, encoding={"v": {"chunks": (1, 256, 256), "compressors": None}}
+    )
+    threads = []
+    real = io._pread_into
+
+    def recorded(op):
+        threads.append(threading.current_thread())
+        real(op)
+
+    monkeypatch.setattr(io, "_pread_into", recorded)
+    ds = xr.open_dataset(tmp_path / "s.zarr", engine="kvikio", device="cpu")
+    np.testing.assert_array_equal(ds.v[3].values, data[3])  # one chunk of 256 KiB
+    assert threads == [threading.main_thread()]
+    threads.clear()
+    np.testing.assert_array_equal(read_zarr_gds(tmp_path / "s.zarr", device="cpu").v.values, data)
+    assert len(threads) == 8 and threading.main_thread() not in threads  # 2 MiB: the pool's threads

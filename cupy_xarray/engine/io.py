@@ -3,10 +3,11 @@
 Two implementations of one small interface::
 
     with io.session(threads) as s:
-        pending = s.submit(reads)    # starts the reads, returns at once
+        pending = s.submit(reads)    # starts the reads (or, for a few small ones, does them)
         pending.wait()               # raises ChunkError on any failure
 
-``PosixIO`` uses ``os.preadv`` on a thread pool into NumPy buffers; ``KvikioIO`` uses
+``PosixIO`` uses ``os.preadv`` on a thread pool into NumPy buffers (a single read, or reads
+of :data:`INLINE_READ_BYTES` in all, on the calling thread); ``KvikioIO`` uses
 ``kvikio.CuFile.pread`` into cupy buffers (GPUDirect Storage where the system has it,
 kvikio's POSIX compatibility mode with pinned bounce buffers elsewhere).
 """
@@ -17,7 +18,7 @@ import contextlib
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,11 +115,28 @@ class _Pending:
             raise first
 
 
+#: reads of at most this many bytes in all run on the calling thread (a hand-off to the pool
+#: and back costs tens of microseconds, more than reading them), as does a single read
+INLINE_READ_BYTES = 256 * 2**10
+
+
+def _done(fn, op: ReadOp) -> Future:
+    done: Future = Future()
+    try:
+        fn(op)
+        done.set_result(None)
+    except Exception as exc:  # noqa: BLE001 - raised by wait(), as from the pool
+        done.set_exception(exc)
+    return done
+
+
 class _PosixSession:
     def __init__(self, pool: ThreadPoolExecutor):
         self._pool = pool
 
     def submit(self, ops: list[ReadOp]) -> _Pending:
+        if len(ops) == 1 or sum(op.nbytes for op in ops) <= INLINE_READ_BYTES:
+            return _Pending([_done(_pread_into, op) for op in ops])
         return _Pending([self._pool.submit(_pread_into, op) for op in ops])
 
 
