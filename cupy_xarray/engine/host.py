@@ -27,13 +27,13 @@ import os
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from .decoders import decode_on_host
-from .io import ReadOp, _pread_into, first_error
+from .io import ReadOp, _pread_into, first_error, run_now
 from .scatter import box_copies, copy_bytes, place_chunk
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -256,12 +256,7 @@ def start(tasks: list[Any], outs: list[Any], device: Any, inline: bool = False) 
         device.synchronize()  # the outputs' fill values are written before other streams write
     if inline and _runs_inline(tasks):
         for t in tasks:
-            done: Future = Future()
-            try:
-                _timed_job(t, outs[t.out], device, jobs)
-                done.set_result(None)
-            except Exception as exc:  # noqa: BLE001 - raised by wait(), as from the pool
-                done.set_exception(exc)
+            done = run_now(_timed_job, t, outs[t.out], device, jobs)
             jobs._futures.append(done)
             if done.exception() is not None:
                 break  # the first error is the one reported; the rest need not be read

@@ -120,12 +120,13 @@ class _Pending:
 INLINE_READ_BYTES = 256 * 2**10
 
 
-def _done(fn, op: ReadOp) -> Future:
+def run_now(fn, *args: Any) -> Future:
+    """``fn(*args)`` on this thread, its outcome as a finished future (what a pool's would be)."""
     done: Future = Future()
     try:
-        fn(op)
+        fn(*args)
         done.set_result(None)
-    except Exception as exc:  # noqa: BLE001 - raised by wait(), as from the pool
+    except Exception as exc:  # noqa: BLE001 - raised by whoever waits, as from the pool
         done.set_exception(exc)
     return done
 
@@ -136,7 +137,7 @@ class _PosixSession:
 
     def submit(self, ops: list[ReadOp]) -> _Pending:
         if len(ops) == 1 or sum(op.nbytes for op in ops) <= INLINE_READ_BYTES:
-            return _Pending([_done(_pread_into, op) for op in ops])
+            return _Pending([run_now(_pread_into, op) for op in ops])
         return _Pending([self._pool.submit(_pread_into, op) for op in ops])
 
 

@@ -436,7 +436,8 @@ def _batches(tasks: list[_Task], batch_bytes: int) -> list[list[_Task]]:
 
 
 def _submit(session, batch: list[_Task], outs: list, device: Device):
-    """Allocate the batch's staging buffer and start its reads."""
+    """Allocate the batch's staging buffer and start its reads; what to wait on for them
+    (the tasks hold the staging)."""
     staged = [t for t in batch if t.direct is None]
     offsets, total = [], 0
     for t in staged:
@@ -461,7 +462,7 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
                 flat[t.out] = _bytes_of(outs[t.out])
             dest = flat[t.out][out_off : out_off + n]
             ops.append(ReadOp(t.path, file_off, n, dest, t.spec.name, t.key, t.blob))
-    return session.submit(ops), staging
+    return session.submit(ops)
 
 
 def _groups(batch: list[_Task]) -> dict[int, list[_Task]]:
@@ -956,14 +957,14 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     if b + 1 < len(batches):
                         pending.append(_submit(session, batches[b + 1], outs, device))
                     clock.lap("submit")
-                    waiter = pending.pop(0)[0]
+                    waiter = pending.pop(0)
                     waiter.wait()
                     clock.lap("io wait")
                     if not ahead.pop("started", False):
                         _start_ahead(batch, device, decode)
                     nxt = batches[b + 1] if b + 1 < len(batches) else None
                     if nxt is not None and _prepares(nxt, device, decode):
-                        work = _ahead(nxt, pending[0][0], device, decode, ahead, clock)
+                        work = _ahead(nxt, pending[0], device, decode, ahead, clock)
                         with while_decoding(work):
                             _finish(batch, outs, device, clock, decode)
                         if not ahead:  # no decode of this batch ran on the GPU: now, then
@@ -993,7 +994,7 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     jobs.cancel()
                 if device.name == "gpu" and batches:
                     host.side_stream(device.xp).synchronize()  # checks started ahead read staging
-                for waiter, _ in pending:
+                for waiter in pending:
                     try:
                         waiter.wait()
                     except Exception:  # noqa: BLE001 - the first error is the one reported
