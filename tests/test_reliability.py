@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -417,3 +418,36 @@ def test_small_cpu_reads_run_on_the_calling_thread(tmp_path, monkeypatch):
     threads.clear()
     np.testing.assert_array_equal(read_zarr_gds(tmp_path / "s.zarr", device="cpu").v.values, data)
     assert len(threads) == 8 and threading.main_thread() not in threads  # 2 MiB: the pool's threads
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "gzip"])
+def test_host_route_checks_framing_in_the_decoder_and_names_what_a_failed_decode_found(
+    tmp_path, monkeypatch, codec
+):
+    """On CPU threads the host's library checks a stream as it decodes it: the engine's own
+    framing walk runs only for a stream that failed, to say what is wrong with it."""
+    from zarr.codecs import numcodecs as zn
+
+    from cupy_xarray import read_zarr_gds
+    from cupy_xarray.device import cpu_device
+    from cupy_xarray.engine.decoders import chain
+
+    data = (np.arange(16 * 64 * 64, dtype="float32") % 89).reshape(16, 64, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numcodecs' LZ4 is not in zarr's v3 spec
+        compressors = {"zstd": ZSTD, "lz4": zn.LZ4(), "gzip": zarr.codecs.GzipCodec(level=1)}[codec]
+        enc = {"v": {"chunks": (2, 64, 64), "compressors": compressors}}
+        xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(tmp_path / "s.zarr", zarr_format=3, encoding=enc)
+    walked = []
+    real = chain.stream_problem
+    monkeypatch.setattr(chain, "stream_problem", lambda *a: walked.append(a[0]) or real(*a))
+    dev = cpu_device(2)
+    np.testing.assert_array_equal(read_zarr_gds(tmp_path / "s.zarr", device=dev).v.values, data)
+    assert walked == []  # every stream decoded: nothing walked
+    victim = tmp_path / "s.zarr" / "v" / "c" / "3" / "0" / "0"
+    victim.write_bytes(victim.read_bytes()[:-7])
+    with pytest.raises(ChunkError, match=r"v.*\b3/0/0\b.*(truncated|corrupt)") as info:
+        read_zarr_gds(tmp_path / "s.zarr", device=dev)
+    assert walked == [codec]
+    if codec == "zstd":  # the walk's words, not only the library's
+        assert "runs past the end of the stored stream" in str(info.value)

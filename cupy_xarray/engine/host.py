@@ -165,7 +165,7 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
     rt = cupy.cuda.runtime
     h2d = rt.memcpyHostToDevice
     src = data.ctypes.data
-    with stream, _synchronized(stream):  # the host buffers are reused by this thread's next job
+    try:  # the copies name their stream: only the scatter's kernel needs it made current
         if task.target is not None:
             rt.memcpyAsync(task.target.data.ptr, src, n, h2d, stream.ptr)
         elif task.copy is not None:
@@ -176,24 +176,17 @@ def _job_gpu(task: Any, stored: np.ndarray, out: Any, device: Any, stats: dict |
             for s, d, width, height, spitch, dpitch in copies:
                 rt.memcpy2DAsync(out.data.ptr + d, dpitch, src + s, spitch, width, height, h2d, stream.ptr)
         else:
-            scratch = cupy.empty(n, dtype=cupy.uint8)
-            lo, hi = span if not recipe.bytes_codecs else (0, n)  # only the bytes read
-            if hi > lo:
-                rt.memcpyAsync(scratch.data.ptr + lo, src + lo, hi - lo, h2d, stream.ptr)
-            place_chunk(cupy, out, scratch, recipe, task.piece)
+            with stream:
+                scratch = cupy.empty(n, dtype=cupy.uint8)
+                lo, hi = span if not recipe.bytes_codecs else (0, n)  # only the bytes read
+                if hi > lo:
+                    rt.memcpyAsync(scratch.data.ptr + lo, src + lo, hi - lo, h2d, stream.ptr)
+                place_chunk(cupy, out, scratch, recipe, task.piece)
+    finally:
+        stream.synchronize()  # the host buffers are reused by this thread's next job, an error's way too
     if stats is not None:
         stats["host decode (thread-s)"] += t1 - t0
         stats["host to GPU (thread-s)"] += time.perf_counter() - t1
-
-
-@contextlib.contextmanager
-def _synchronized(stream: Any):
-    """Wait for ``stream`` on the way out, an error's way too: copies from this thread's
-    buffers must end before the buffers are reused."""
-    try:
-        yield
-    finally:
-        stream.synchronize()
 
 
 class Jobs:
