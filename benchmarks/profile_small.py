@@ -7,6 +7,9 @@ Usage (GPU machine, on stores written by ``read_patterns.py``, or written here w
 
     python benchmarks/profile_small.py /tmp/bench/zstd-tiles.zarr /tmp/bench/uncompressed-tiles.zarr
     python benchmarks/profile_small.py --write /tmp/bench --stores "zstd tiles 1MiB,zstd tiles" --dask
+
+``--raw`` adds the same chunk files read without the engine (and with ``--dask``, by dask
+tasks without the engine: what dask's scheduler allows a ``chunks={}`` read).
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ def main() -> None:
             stats = pstats.Stats(prof)
             stats.sort_stats("tottime").print_stats(args.top)
             stats.sort_stats("cumulative").print_stats(args.top)
+            if args.raw:
+                dask_raw_reads(path, field.nbytes)
 
 
 def raw_reads(path: str, nbytes: int, threads: int = 16) -> None:
@@ -138,6 +143,75 @@ def raw_reads(path: str, nbytes: int, threads: int = 16) -> None:
         best = min(best, time.perf_counter() - t0)
     how = f"numcodecs on {threads} CPU threads (no GPU copy)" if codecs else f"kvikio, {threads} threads"
     print(f"raw: {len(files)} chunk files, {how}: {nbytes / best / 1e9:.2f} GB/s")
+
+
+def dask_raw_reads(path: str, nbytes: int, threads: int = 16) -> None:
+    """What dask's threaded scheduler allows a ``chunks={}`` read without the engine: one
+    ``dask.delayed`` task per chunk file that reads it (``os.preadv`` into the thread's pinned
+    buffer, numcodecs' decoder where compressed) and copies it into a new cupy array, the
+    blocks concatenated as ``.compute()`` does; the best of three, beside the same work on a
+    plain pool of ``threads`` threads."""
+    import glob
+    import json
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cupy
+    import cupyx
+    import dask
+    import dask.array as da
+    import numcodecs
+    import numpy as np
+
+    meta = json.load(open(os.path.join(path, "field", "zarr.json")))
+    pattern = os.path.join(path, "field", "c", "**")
+    files = sorted(f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f))
+    codecs = [c for c in meta["codecs"] if c["name"] not in ("bytes", "transpose")]
+    codec = None
+    if codecs:
+        name = codecs[0]["name"].removeprefix("numcodecs.")
+        codec = numcodecs.get_codec({"id": name, **codecs[0].get("configuration", {})})
+    shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    chunk_bytes = int(np.prod(shape)) * np.dtype(meta["data_type"]).itemsize
+    local = threading.local()
+
+    def one(f: str):
+        if getattr(local, "pinned", None) is None:
+            local.pinned = cupyx.empty_pinned((chunk_bytes,), dtype=np.uint8)
+            local.stream = cupy.cuda.Stream()
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            if codec is None:
+                os.preadv(fd, [local.pinned], 0)
+            else:
+                codec.decode(os.pread(fd, os.fstat(fd).st_size, 0), out=local.pinned)
+        finally:
+            os.close(fd)
+        with local.stream:
+            block = cupy.empty(chunk_bytes, dtype=cupy.uint8)
+            block.data.copy_from_host_async(local.pinned.ctypes.data, chunk_bytes, local.stream)
+        local.stream.synchronize()
+        return block
+
+    def graph():
+        meta_ = cupy.empty(0, dtype=cupy.uint8)
+        parts = [da.from_delayed(dask.delayed(one)(f), (chunk_bytes,), np.uint8, meta=meta_) for f in files]
+        with dask.config.set(scheduler="threads", num_workers=threads):
+            da.concatenate(parts).compute()
+
+    pool = ThreadPoolExecutor(threads)
+    paths = (("dask tasks", graph), (f"a pool of {threads} threads", lambda: list(pool.map(one, files))))
+    for label, fn in paths:
+        best = float("inf")
+        for _ in range(4):
+            cupy.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            fn()
+            cupy.cuda.Device().synchronize()
+            best = min(best, time.perf_counter() - t0)
+        print(f"without the engine, a chunk per task on {label}: {len(files)} chunks, "
+              f"{nbytes / best / 1e9:.2f} GB/s, {best / len(files) * 1e6:.0f} us per chunk")  # fmt: skip
+    pool.shutdown()
 
 
 def _kvikio_files(files: list[str], threads: int) -> None:

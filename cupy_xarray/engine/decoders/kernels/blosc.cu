@@ -22,26 +22,30 @@ __device__ __forceinline__ unsigned long long transpose8(unsigned long long x) {
     return x;
 }
 
-/* the 8 * TS bytes of 8 elements, built in w, stored at d with 16-, 8- or 1-byte writes */
-template <int TS>
-__device__ __forceinline__ void store_row(unsigned char* d, const unsigned int (&w)[2 * TS], int store) {
+/* NW 4-byte words stored at d with 16-, 8-, 4- or 1-byte writes (d aligned to the width; the
+   16-byte writes need NW % 4 == 0, the 8-byte ones NW % 2 == 0) */
+template <int NW>
+__device__ __forceinline__ void store_words(unsigned char* d, const unsigned int (&w)[NW], int store) {
     if (store == 16) {
 #pragma unroll
-        for (int i = 0; i < TS / 2; i++) {
+        for (int i = 0; i < NW / 4; i++) {
             uint4 v;
             v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
             ((uint4*)d)[i] = v;
         }
     } else if (store == 8) {
 #pragma unroll
-        for (int i = 0; i < TS; i++) {
+        for (int i = 0; i < NW / 2; i++) {
             uint2 v;
             v.x = w[2 * i]; v.y = w[2 * i + 1];
             ((uint2*)d)[i] = v;
         }
+    } else if (store == 4) {
+#pragma unroll
+        for (int i = 0; i < NW; i++) ((unsigned int*)d)[i] = w[i];
     } else {
 #pragma unroll
-        for (int i = 0; i < 8 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
+        for (int i = 0; i < 4 * NW; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
     }
 }
 
@@ -70,7 +74,7 @@ __device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int nebloc
                 w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
             }
         }
-        store_row<TS>(o + r * 8 * TS, w, store);
+        store_words<2 * TS>(o + r * 8 * TS, w, store);  /* the 8 * TS bytes of 8 elements */
     }
 }
 
@@ -108,7 +112,7 @@ __device__ void bit_unshuffle4(const unsigned char* s, unsigned char* o, int row
                     w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
                 }
             }
-            store_row<TS>(o + (r0 + j) * 8 * TS, w, store);
+            store_words<2 * TS>(o + (r0 + j) * 8 * TS, w, store);
         }
     }
 }
@@ -151,21 +155,7 @@ __device__ void byte_unshuffle(const unsigned char* const* sp, bool planes, int 
             }
             w[i] = v;
         }
-        unsigned char* d = o + e * TS;
-        if (store == 16) {
-#pragma unroll
-            for (int i = 0; i < TS / 4; i++) {
-                uint4 v;
-                v.x = w[4 * i]; v.y = w[4 * i + 1]; v.z = w[4 * i + 2]; v.w = w[4 * i + 3];
-                ((uint4*)d)[i] = v;
-            }
-        } else if (store == 4) {
-#pragma unroll
-            for (int i = 0; i < TS; i++) ((unsigned int*)d)[i] = w[i];
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4 * TS; i++) d[i] = (unsigned char)(w[i >> 2] >> ((i & 3) * 8));
-        }
+        store_words<TS>(o + e * TS, w, store);
     }
 }
 
