@@ -420,6 +420,34 @@ def test_small_cpu_reads_run_on_the_calling_thread(tmp_path, monkeypatch):
     assert len(threads) == 8 and threading.main_thread() not in threads  # 2 MiB: the pool's threads
 
 
+def test_small_selections_of_large_chunks_are_read_on_the_calling_thread(tmp_path, monkeypatch):
+    """What a host-route read with nothing else to wait for keeps on the calling thread is
+    counted by the bytes it reads of each chunk (a small window of a 4 MiB chunk reads a
+    span of it), not by the chunks' sizes; a window spanning more goes to the pool."""
+    from cupy_xarray.engine import host
+
+    data = (np.arange(2 * 2048 * 2048, dtype="float32") % 83).reshape(2, 2048, 2048)
+    xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(
+        tmp_path / "s.zarr", zarr_format=3, encoding={"v": {"chunks": (1, 1024, 1024), "compressors": None}}
+    )
+    threads = []
+    real = host._pread_into
+
+    def recorded(op):
+        threads.append(threading.current_thread())
+        real(op)
+
+    monkeypatch.setattr(host, "_pread_into", recorded)
+    ds = xr.open_dataset(tmp_path / "s.zarr", engine="kvikio", device="cpu")
+    small = (1, slice(1020, 1040), slice(1020, 1050))  # 16 MiB of four chunks, 20 rows in all
+    np.testing.assert_array_equal(ds.v[small].values, data[small])
+    assert threads == [threading.main_thread()] * 4
+    threads.clear()
+    monkeypatch.setattr(host, "INLINE_BYTES", 64 * 1024)  # less than the four spans together
+    np.testing.assert_array_equal(ds.v[small].values, data[small])
+    assert len(threads) == 4 and threading.main_thread() not in threads
+
+
 @pytest.mark.parametrize("codec", ["zstd", "lz4", "gzip"])
 def test_host_route_checks_framing_in_the_decoder_and_names_what_a_failed_decode_found(
     tmp_path, monkeypatch, codec

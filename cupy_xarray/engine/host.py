@@ -226,15 +226,24 @@ class Jobs:
         self._futures = []
 
 
-#: uncompressed bytes a read with nothing else to wait for reads on the calling thread, one
-#: chunk after the other (each hand-off to the pool costs a thread's wake-up)
+#: uncompressed bytes (those the selection spans in each chunk) a read with nothing else to
+#: wait for reads on the calling thread, one chunk after the other (each hand-off to the pool
+#: costs a thread's wake-up)
 INLINE_BYTES = 4 * 2**20
 
 
 def _runs_inline(tasks: list[Any]) -> bool:
     if len(tasks) == 1:
         return True
-    return all(not t.spec.recipe.bytes_codecs for t in tasks) and sum(t.nbytes for t in tasks) <= INLINE_BYTES
+    if any(t.spec.recipe.bytes_codecs for t in tasks):
+        return False
+    total = 0
+    for t in tasks:  # the bytes each reads: a small selection of a large chunk reads a span of it
+        lo, hi = byte_span(t.spec.recipe, t.piece.chunk_sel)
+        total += hi - lo
+        if total > INLINE_BYTES:
+            return False
+    return True
 
 
 def start(tasks: list[Any], outs: list[Any], device: Any, inline: bool = False) -> Jobs:
