@@ -98,23 +98,25 @@ def byte_span(recipe: Any, chunk_sel: tuple) -> tuple[int, int]:
     element to its last (a small selection of a large chunk reads only these)."""
     if recipe.bytes_codecs or recipe.transpose is not None or (recipe.order == "F" and len(recipe.shape) > 1):
         return 0, recipe.nbytes
-    first, last = [], []
-    for s, n in zip(chunk_sel, recipe.shape):
-        if isinstance(s, int):
-            first.append(s), last.append(s)
+    size = recipe.dtype.itemsize
+    lo = hi = 0
+    stride = size  # bytes, innermost dimension first (plain Python: this runs per chunk)
+    for s, n in zip(reversed(chunk_sel), reversed(recipe.shape)):
+        if isinstance(s, (int, np.integer)):
+            first = last = int(s)
         elif isinstance(s, slice):
             idx = range(*s.indices(n))
-            if not len(idx):
+            if not idx:
                 return 0, 0
-            first.append(idx[0]), last.append(idx[-1])
+            first, last = min(idx[0], idx[-1]), max(idx[0], idx[-1])
         else:
             if not len(s):
                 return 0, 0
-            first.append(int(np.min(s))), last.append(int(np.max(s)))
-    strides = np.cumprod((recipe.shape[1:] + (1,))[::-1])[::-1]
-    lo = int(np.dot(first, strides)) * recipe.dtype.itemsize
-    hi = (int(np.dot(last, strides)) + 1) * recipe.dtype.itemsize
-    return lo, hi
+            first, last = int(np.min(s)), int(np.max(s))
+        lo += first * stride
+        hi += last * stride
+        stride *= n
+    return lo, hi + size
 
 
 def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
