@@ -217,8 +217,8 @@ def decode_on_host(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.
 
     The host's libraries check every stream's framing as they decode (libzstd its blocks,
     zlib its end marker and trailer, liblz4 its bounds), each into a buffer of the size the
-    chunk must have: the engine's own framing checks run only to name what a failed decode
-    found (on 16 threads they cost a small chunk a fifth of its read).
+    chunk must have: the engine's own framing checks (:func:`stream_problem`) run only to
+    name what a failed decode found.
     """
     recipe = task.spec.recipe
     for name, expected, last, _proven in _steps(recipe.bytes_codecs, recipe.nbytes):
