@@ -394,6 +394,19 @@ def test_host_route_groups_small_chunks_into_jobs_and_reports_the_first_error(tm
             read_zarr_gds(tmp_path / "s.zarr", device=dev)
 
 
+def _reading_threads(monkeypatch, module) -> list:
+    """The threads ``module._pread_into`` runs on from now on, in order (filled as it runs)."""
+    threads = []
+    real = module._pread_into
+
+    def recorded(op):
+        threads.append(threading.current_thread())
+        real(op)
+
+    monkeypatch.setattr(module, "_pread_into", recorded)
+    return threads
+
+
 def test_small_cpu_reads_run_on_the_calling_thread(tmp_path, monkeypatch):
     """A CPU read of one chunk (or of little in all) reads on the calling thread, without a
     hand-off to the pool and back; larger reads go to the pool. Both get zarr's values."""
@@ -404,14 +417,7 @@ def test_small_cpu_reads_run_on_the_calling_thread(tmp_path, monkeypatch):
     xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(
         tmp_path / "s.zarr", zarr_format=3, encoding={"v": {"chunks": (1, 256, 256), "compressors": None}}
     )
-    threads = []
-    real = io._pread_into
-
-    def recorded(op):
-        threads.append(threading.current_thread())
-        real(op)
-
-    monkeypatch.setattr(io, "_pread_into", recorded)
+    threads = _reading_threads(monkeypatch, io)
     ds = xr.open_dataset(tmp_path / "s.zarr", engine="kvikio", device="cpu")
     np.testing.assert_array_equal(ds.v[3].values, data[3])  # one chunk of 256 KiB
     assert threads == [threading.main_thread()]
@@ -430,14 +436,7 @@ def test_small_selections_of_large_chunks_are_read_on_the_calling_thread(tmp_pat
     xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(
         tmp_path / "s.zarr", zarr_format=3, encoding={"v": {"chunks": (1, 1024, 1024), "compressors": None}}
     )
-    threads = []
-    real = host._pread_into
-
-    def recorded(op):
-        threads.append(threading.current_thread())
-        real(op)
-
-    monkeypatch.setattr(host, "_pread_into", recorded)
+    threads = _reading_threads(monkeypatch, host)
     ds = xr.open_dataset(tmp_path / "s.zarr", engine="kvikio", device="cpu")
     small = (1, slice(1020, 1040), slice(1020, 1050))  # 16 MiB of four chunks, 20 rows in all
     np.testing.assert_array_equal(ds.v[small].values, data[small])
