@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 
@@ -151,6 +152,19 @@ class _Server(ThreadingHTTPServer):
         self.redirect_to = ""  # another server's URL, or "" for this one
 
 
+class _OnServer:
+    """An attribute of :class:`HTTPStores`' server, read and set through the stores object."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return getattr(obj._server, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj._server, self.name, value)
+
+
 class HTTPStores:
     """An HTTP server for the files below ``root``, on a loopback port, in a thread; with
     ``tls=(certificate file, key file)``, HTTPS."""
@@ -169,29 +183,11 @@ class HTTPStores:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
-    @property
-    def faults(self) -> dict[str, list[str]]:
-        return self._server.faults
-
-    @property
-    def requests(self) -> list[tuple[str, str, str | None]]:
-        return self._server.requests
-
-    @property
-    def redirect_to(self) -> str:
-        return self._server.redirect_to
-
-    @redirect_to.setter
-    def redirect_to(self, url: str) -> None:
-        self._server.redirect_to = url
-
-    @property
-    def stall_s(self) -> float:
-        return self._server.stall_s
-
-    @stall_s.setter
-    def stall_s(self, value: float) -> None:
-        self._server.stall_s = value
+    #: the server's fault plan, requests seen, redirect target and stall (what tests set)
+    faults = _OnServer()
+    requests = _OnServer()
+    redirect_to = _OnServer()
+    stall_s = _OnServer()
 
     def close(self) -> None:
         self._server.shutdown()
