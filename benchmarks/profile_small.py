@@ -19,6 +19,7 @@ import cProfile
 import os
 import pstats
 import time
+from typing import Any
 
 os.environ["CUPY_XARRAY_PROFILE"] = "1"
 
@@ -126,22 +127,16 @@ def raw_reads(path: str, nbytes: int, threads: int = 16) -> None:
     by ``threads`` CPU threads (``os.pread``, numcodecs' decoder into the thread's buffer,
     nothing sent to the GPU), uncompressed ones by ``kvikio.CuFile.pread`` into one GPU
     buffer, every file in flight at once on kvikio's ``threads`` threads."""
-    import glob
-    import json
-
-    meta = json.load(open(os.path.join(path, "field", "zarr.json")))
-    pattern = os.path.join(path, "field", "c", "**")
-    files = [f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f)]
-    codecs = [c for c in meta["codecs"] if c["name"] not in ("bytes", "transpose")]
+    files, codec, chunk_bytes = chunk_files(path)
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
-        if codecs:
-            _decode_files(files, codecs[0], meta, threads)
+        if codec is not None:
+            _decode_files(files, codec, chunk_bytes, threads)
         else:
             _kvikio_files(files, threads)
         best = min(best, time.perf_counter() - t0)
-    how = f"numcodecs on {threads} CPU threads (no GPU copy)" if codecs else f"kvikio, {threads} threads"
+    how = f"numcodecs on {threads} CPU threads (no GPU copy)" if codec else f"kvikio, {threads} threads"
     print(f"raw: {len(files)} chunk files, {how}: {nbytes / best / 1e9:.2f} GB/s")
 
 
@@ -151,8 +146,6 @@ def dask_raw_reads(path: str, nbytes: int, threads: int = 16) -> None:
     buffer, numcodecs' decoder where compressed) and copies it into a new cupy array, the
     blocks concatenated as ``.compute()`` does; the best of three, beside the same work on a
     plain pool of ``threads`` threads."""
-    import glob
-    import json
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -160,19 +153,9 @@ def dask_raw_reads(path: str, nbytes: int, threads: int = 16) -> None:
     import cupyx
     import dask
     import dask.array as da
-    import numcodecs
     import numpy as np
 
-    meta = json.load(open(os.path.join(path, "field", "zarr.json")))
-    pattern = os.path.join(path, "field", "c", "**")
-    files = sorted(f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f))
-    codecs = [c for c in meta["codecs"] if c["name"] not in ("bytes", "transpose")]
-    codec = None
-    if codecs:
-        name = codecs[0]["name"].removeprefix("numcodecs.")
-        codec = numcodecs.get_codec({"id": name, **codecs[0].get("configuration", {})})
-    shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
-    chunk_bytes = int(np.prod(shape)) * np.dtype(meta["data_type"]).itemsize
+    files, codec, chunk_bytes = chunk_files(path)
     local = threading.local()
 
     def one(f: str):
@@ -231,16 +214,32 @@ def _kvikio_files(files: list[str], threads: int) -> None:
             h.close()
 
 
-def _decode_files(files: list[str], codec_meta: dict, meta: dict, threads: int) -> None:
-    import threading
+def chunk_files(path: str) -> tuple[list[str], Any, int]:
+    """The chunk files of a store's ``field`` array (sorted), the numcodecs codec of its
+    compressor (None where uncompressed) and a chunk's decoded bytes, from its ``zarr.json``."""
+    import glob
+    import json
 
     import numcodecs
     import numpy as np
 
-    name = codec_meta["name"].removeprefix("numcodecs.")  # zarr 3 names numcodecs' own codecs so
-    codec = numcodecs.get_codec({"id": name, **codec_meta.get("configuration", {})})
+    meta = json.load(open(os.path.join(path, "field", "zarr.json")))
+    pattern = os.path.join(path, "field", "c", "**")
+    files = sorted(f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f))
+    codecs = [c for c in meta["codecs"] if c["name"] not in ("bytes", "transpose")]
+    codec = None
+    if codecs:
+        name = codecs[0]["name"].removeprefix("numcodecs.")  # zarr 3 names numcodecs' own codecs so
+        codec = numcodecs.get_codec({"id": name, **codecs[0].get("configuration", {})})
     shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
-    chunk_bytes = int(np.prod(shape)) * np.dtype(meta["data_type"]).itemsize
+    return files, codec, int(np.prod(shape)) * np.dtype(meta["data_type"]).itemsize
+
+
+def _decode_files(files: list[str], codec: Any, chunk_bytes: int, threads: int) -> None:
+    import threading
+
+    import numpy as np
+
     pending = list(files)
     lock = threading.Lock()
 
