@@ -67,22 +67,26 @@ def _buffer(name: str, nbytes: int, pinned: bool = False) -> np.ndarray:
     return buf[:nbytes]
 
 
+def _thread_stream(cupy: Any, name: str) -> Any:
+    """This thread's CUDA stream ``name`` on the current device, made on first use."""
+    key = f"stream-{name}"
+    s = getattr(_local, key, None)
+    if s is None or s.device_id != cupy.cuda.Device().id:
+        s = cupy.cuda.Stream()
+        setattr(_local, key, s)
+    return s
+
+
 def _stream(cupy: Any) -> Any:
     """This thread's CUDA stream (one per thread: jobs of different threads overlap)."""
-    s = getattr(_local, "stream", None)
-    if s is None or s.device_id != cupy.cuda.Device().id:
-        s = _local.stream = cupy.cuda.Stream()
-    return s
+    return _thread_stream(cupy, "jobs")
 
 
 def side_stream(cupy: Any) -> Any:
     """This thread's second CUDA stream: for work started ahead of what its own stream runs
-    (:func:`stream`), so that the two overlap. Blocking, as that one is: both wait for
+    (:func:`_stream`), so that the two overlap. Blocking, as that one is: both wait for
     copies on the legacy default stream."""
-    s = getattr(_local, "side", None)
-    if s is None or s.device_id != cupy.cuda.Device().id:
-        s = _local.side = cupy.cuda.Stream()
-    return s
+    return _thread_stream(cupy, "side")
 
 
 def _timed_job(task: Any, out: Any, device: Any, jobs: Jobs) -> None:
@@ -119,12 +123,19 @@ def byte_span(recipe: Any, chunk_sel: tuple) -> tuple[int, int]:
     return lo, hi + size
 
 
+def _span(task: Any) -> tuple[int, int]:
+    """:func:`byte_span` of an uncompressed task, computed once (kept on the task)."""
+    if task.span is None:
+        task.span = byte_span(task.spec.recipe, task.piece.chunk_sel)
+    return task.span
+
+
 def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
     recipe = task.spec.recipe
     # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
     stored = _buffer("stored", task.nbytes, pinned=device.name == "gpu" and not recipe.bytes_codecs)
     t0 = time.perf_counter()
-    lo, hi = (0, task.nbytes) if recipe.bytes_codecs else byte_span(recipe, task.piece.chunk_sel)
+    lo, hi = (0, task.nbytes) if recipe.bytes_codecs else _span(task)
     if hi > lo:
         op = ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key, task.blob)
         _pread_into(op)
@@ -241,7 +252,7 @@ def _runs_inline(tasks: list[Any]) -> bool:
         return False
     total = 0
     for t in tasks:  # the bytes each reads: a small selection of a large chunk reads a span of it
-        lo, hi = byte_span(t.spec.recipe, t.piece.chunk_sel)
+        lo, hi = _span(t)
         total += hi - lo
         if total > INLINE_BYTES:
             return False

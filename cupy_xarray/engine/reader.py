@@ -117,6 +117,7 @@ class _Task:
     landed: bool = False  # decoded straight into the output: nothing left to scatter
     blob: Any = field(default=None, repr=False)  # bytes fetched from a remote store (offset: into it)
     ready: Any = field(default=None, repr=False)  # what chain.prepare_group started for its group
+    span: tuple[int, int] | None = None  # host route: the bytes of the chunk the piece needs
 
     def error(self, msg: str) -> ChunkError:
         return ChunkError(msg, array=self.spec.name, chunk=self.key, path=self.path)

@@ -269,13 +269,10 @@ def decode_chunks(
     chunks = list(targets)
     for j, i in enumerate(need):
         chunks[i] = scratch[j * expected : (j + 1) * expected]
-    comp = np.flatnonzero(~lay.raw)
     owners: list[Any] = [scratch]
     ptr = np.zeros(len(lay.src), dtype=np.uint64)  # GPU: where each decoded stream lies
     decoded: dict[int, Any] = {}  # CPU: each decoded stream
-    algos = np.asarray(lay.algo, dtype=object)[lay.chunk[comp]] if len(comp) else np.zeros(0, object)
-    for algo in sorted(set(algos)):
-        idx = comp[algos == algo]
+    for algo, idx in codec_groups(lay):
         if algo == "zstd":
             _check_zstd(xp, buffer, lay, idx)
             if lap:
@@ -393,16 +390,23 @@ class Ready:
 def gpu_streams(device: Any, lay: Layout) -> dict[str, tuple[Any, np.ndarray]]:
     """The codecs of a batch that nvCOMP's C API decodes, with their batched decoder and the
     indexes of their compressed streams."""
-    comp = np.flatnonzero(~lay.raw)
-    if device.name != "gpu" or not len(comp):
+    if device.name != "gpu":
         return {}
-    algos = np.asarray(lay.algo, dtype=object)[lay.chunk[comp]]
     found = {}
-    for algo in sorted(set(algos)):
+    for algo, idx in codec_groups(lay):
         batched = device.codecs.batched(STREAMS[algo])
         if batched is not None:
-            found[algo] = (batched, comp[algos == algo])
+            found[algo] = (batched, idx)
     return found
+
+
+def codec_groups(lay: Layout) -> list[tuple[str, np.ndarray]]:
+    """The batch's compressed streams grouped by codec: ``(codec, stream indexes)``, by name."""
+    comp = np.flatnonzero(~lay.raw)
+    if not len(comp):
+        return []
+    algos = np.asarray(lay.algo, dtype=object)[lay.chunk[comp]]
+    return [(algo, comp[algos == algo]) for algo in sorted(set(algos))]
 
 
 def ready_streams(device: Any, buffer: Any, lay: Layout) -> dict[str, Ready]:
