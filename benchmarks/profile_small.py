@@ -200,6 +200,7 @@ def dask_raw_reads(path: str, nbytes: int, threads: int = 16) -> None:
 def _kvikio_files(files: list[str], threads: int) -> None:
     import cupy
     import kvikio
+    import kvikio.defaults  # a submodule: not imported by ``import kvikio``
     import numpy as np
 
     sizes = [os.path.getsize(f) for f in files]

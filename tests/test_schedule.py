@@ -66,6 +66,11 @@ def test_decode_choice_overrides_the_model():
     # dask task, a selection) goes to CPU threads; a CPU read uses its threads
     assert set(s.routes(_tasks((), 64), GPU, "auto")[0]) == {"batch"}
     assert set(s.routes(_tasks((), 2), GPU, "auto")[0]) == {"host"}
+    # fetched bytes are in host memory already: copied from there, however many
+    fetched = _tasks((), 64)
+    for t in fetched:
+        t.blob = np.zeros(1, np.uint8)
+    assert set(s.routes(fetched, GPU, "auto")[0]) == {"host"}
     assert set(s.routes(_tasks(("gzip",), 64), CPU, "gpu")[0]) == {"host"}
     assert Scheduler(force="batch").routes(_tasks(("zstd",), 3), GPU, "cpu")[0] == ["batch"] * 3
     with pytest.raises(ValueError, match="force"):

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .decoders import decode_on_host
-from .io import ReadOp, _pread_into, first_error, run_now
+from .io import ReadOp, _pread_into, blob_bytes, first_error, run_now
 from .scatter import box_copies, copy_bytes, place_chunk
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -132,13 +132,16 @@ def _span(task: Any) -> tuple[int, int]:
 
 def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
     recipe = task.spec.recipe
-    # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
-    stored = _buffer("stored", task.nbytes, pinned=device.name == "gpu" and not recipe.bytes_codecs)
     t0 = time.perf_counter()
     lo, hi = (0, task.nbytes) if recipe.bytes_codecs else _span(task)
-    if hi > lo:
-        op = ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key, task.blob)
-        _pread_into(op)
+    if task.blob is not None:  # fetched: decoded or copied from where it landed
+        op = ReadOp(task.path, task.offset, task.nbytes, None, task.spec.name, task.key, task.blob)
+        stored = blob_bytes(op)
+    else:
+        # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
+        stored = _buffer("stored", task.nbytes, pinned=device.name == "gpu" and not recipe.bytes_codecs)
+        if hi > lo:
+            _pread_into(ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key))
     if stats is not None:
         stats["host pread (thread-s)"] += time.perf_counter() - t0
     if device.name != "gpu":

@@ -17,6 +17,7 @@ import http.client
 import os
 import ssl
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
@@ -97,11 +98,18 @@ class HTTPFetcher:
         return f"{self.prefix}/{quote(key, safe='/')}"
 
     def get(
-        self, key: str, start: int | None, end: int | None, timeout: float, most: int | None = None
+        self,
+        key: str,
+        start: int | None,
+        end: int | None,
+        timeout: float,
+        most: int | None = None,
+        land: Callable[[int], np.ndarray] | None = None,
     ) -> np.ndarray | TooLarge | None:
         """The object's bytes (``[start, end)``; ``end`` None with ``start`` < 0: the last
         ``-start``), None for 404, :class:`TooLarge` for an answer of more than ``most`` bytes
-        (not read); raises :class:`HTTPError` or the connection's error."""
+        (not read); raises :class:`HTTPError` or the connection's error. ``land(n)``: the
+        buffer of ``n`` bytes a body is read into (default a new NumPy array)."""
         headers = dict(self.headers)
         if start is not None and end is None:
             headers["Range"] = f"bytes={start}" if start < 0 else f"bytes={start}-"  # suffix: "bytes=-n"
@@ -138,14 +146,20 @@ class HTTPFetcher:
                         # another host: the store's own headers (credentials) stay behind
                         headers = {k: v for k, v in headers.items() if k in ("Range", "Accept-Encoding")}
                     continue
-                return self._body(resp, scheme, host, port, most)
+                return self._body(resp, scheme, host, port, most, land)
             except BaseException:
                 self._drop(scheme, host, port)  # a connection in an unknown state is never reused
                 raise
         raise OSError(f"more than {MAX_REDIRECTS} redirects")
 
     def _body(
-        self, resp: http.client.HTTPResponse, scheme: str, host: str, port: int | None, most: int | None
+        self,
+        resp: http.client.HTTPResponse,
+        scheme: str,
+        host: str,
+        port: int | None,
+        most: int | None,
+        land: Callable[[int], np.ndarray] | None = None,
     ) -> Any:
         if resp.status == 404:
             resp.read()
@@ -163,7 +177,7 @@ class HTTPFetcher:
         if most is not None and int(length) > most:
             self._drop(scheme, host, port)  # the body is not read: the connection cannot be reused
             return TooLarge(int(length))
-        buf = np.empty(int(length), dtype=np.uint8)
+        buf = land(int(length)) if land is not None else np.empty(int(length), dtype=np.uint8)
         view = memoryview(buf)
         done = 0
         while done < len(buf):

@@ -56,11 +56,16 @@ def _os_message(exc: OSError) -> str:
     return f"cannot read chunk: {exc}"
 
 
-def copy_blob(op: ReadOp) -> None:
-    """Copy a fetched object's bytes into ``op.dest`` (NumPy, or cupy from the host)."""
+def blob_bytes(op: ReadOp) -> np.ndarray:
+    """The ``op.nbytes`` at ``op.offset`` of a fetched object (a view, not a copy)."""
     if op.offset + op.nbytes > len(op.blob):
         raise _error(op, f"object is {len(op.blob)} bytes, shorter than the {op.nbytes} bytes at {op.offset}")
-    src = op.blob[op.offset : op.offset + op.nbytes]
+    return op.blob[op.offset : op.offset + op.nbytes]
+
+
+def copy_blob(op: ReadOp) -> None:
+    """Copy a fetched object's bytes into ``op.dest`` (NumPy, or cupy from the host)."""
+    src = blob_bytes(op)
     if isinstance(op.dest, np.ndarray):
         op.dest[: op.nbytes] = src
     elif op.nbytes:

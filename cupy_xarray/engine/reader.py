@@ -152,10 +152,11 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
     return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}{fetched}"
 
 
-def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int):
-    """Find each piece's bytes; return (tasks, number of missing chunks)."""
+def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int, device: Any = None):
+    """Find each piece's bytes; return (tasks, number of missing chunks). ``device``: where
+    the read goes (fetched bytes of uncompressed arrays land in pinned memory for a GPU)."""
     if spec.source is not None:
-        tasks, missing_pieces = _fetch(spec, pieces, out)
+        tasks, missing_pieces = _fetch(spec, pieces, out, pinned=_lands_pinned(spec, device))
         return tasks, len(missing_pieces)
     tasks: list[_Task] = []
     missing = 0
@@ -209,11 +210,21 @@ def _inner(spec: ArraySpec, shard: tuple[int, ...], local: tuple[int, ...], inde
     return offset, nbytes, f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
 
 
-def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | None = None):
+def _lands_pinned(spec: ArraySpec, device: Any) -> bool:
+    """Whether an array's fetched bytes land in pinned memory: uncompressed ones read to a GPU
+    (copied as they are, at full speed from pinned memory, and all of one size, so that cupy's
+    pinned pool reuses their blocks)."""
+    return getattr(device, "name", None) == "gpu" and not spec.recipe.bytes_codecs
+
+
+def _fetch(
+    spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | None = None, pinned: bool = False
+):
     """:func:`_locate` for a remote store: fetch the pieces' objects (whole chunks; for sharded
     arrays the shards' indexes, then their inner chunks' ranges, neighbours coalesced).
     Returns (tasks, the pieces whose chunks do not exist). ``indexes``: shard indexes already
-    fetched (filled in; default the source's own, kept while the dataset is open)."""
+    fetched (filled in; default the source's own, kept while the dataset is open); ``pinned``:
+    land the bytes in pinned memory (:meth:`.remote.RemoteSource.fetch`)."""
     from .remote import Request, coalesce
 
     source = spec.source
@@ -222,7 +233,7 @@ def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | 
     if spec.shard is None:
         keys = [spec.chunk_key(p.coords) for p in pieces]
         most = stored_bound(spec.recipe.nbytes)
-        blobs = source.fetch([Request(k, most=most) for k in keys])
+        blobs = source.fetch([Request(k, most=most) for k in keys], pinned=pinned)
         for p, key, blob in zip(pieces, keys, blobs):
             if blob is None:
                 missing.append(p)
@@ -244,7 +255,7 @@ def _fetch(spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | 
         for start, end, held in coalesce([(o, o + n) for _, o, n, _ in items]):
             requests.append(Request(spec.chunk_key(shard), start, end))
             members.append((shard, start, held))
-    blobs = source.fetch(requests, [wanted[sh][held[0]][3] for sh, _, held in members])
+    blobs = source.fetch(requests, [wanted[sh][held[0]][3] for sh, _, held in members], pinned=pinned)
     for (shard, start, held), blob, req in zip(members, blobs, requests):
         for i in held:
             p, offset, nbytes, key = wanted[shard][i]
@@ -304,8 +315,10 @@ def _waves(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]], wave_bytes: in
     return waves
 
 
-def _fetch_wave(wave: list, indexes: dict) -> list:
-    return [(i, spec, *_fetch(spec, pieces, i, indexes)) for i, spec, pieces in wave]
+def _fetch_wave(wave: list, indexes: dict, device: Any = None) -> list:
+    return [
+        (i, spec, *_fetch(spec, pieces, i, indexes, _lands_pinned(spec, device))) for i, spec, pieces in wave
+    ]
 
 
 def _known_indexes(spec: ArraySpec, shards: list[tuple[int, ...]], cache: dict) -> dict:
@@ -855,7 +868,7 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
             remote.append((i, spec, pieces))
             outs[i] = device.empty(oshape, spec.dtype)
             continue
-        found, missing = _locate(spec, pieces, i)
+        found, missing = _locate(spec, pieces, i, device)
         if missing:
             filled.add(i)
             outs[i] = device.full(oshape, spec.fill_value, spec.dtype)
@@ -909,7 +922,7 @@ def _execute_waves(remote, outs, normalized, *, wave_bytes, device, clock, bar, 
     def more() -> None:
         wave = next(waves, None)
         if wave is not None:
-            ahead.append(fetcher.submit(_fetch_wave, wave, indexes))
+            ahead.append(fetcher.submit(_fetch_wave, wave, indexes, device))
 
     try:
         for _ in range(depth + 1):

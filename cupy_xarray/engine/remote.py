@@ -222,14 +222,20 @@ class RemoteSource:
         """The object's URL, for messages."""
         return f"{self.url}/{self.prefix}/{chunk_key}" if self.prefix else f"{self.url}/{chunk_key}"
 
-    def fetch(self, requests: list[Request], chunks: list[str] | None = None) -> list[Any]:
-        """The bytes of each request (a read-only uint8 NumPy array), None where the object does
-        not exist. ``chunks``: the chunk named in each request's error (default its key)."""
+    def fetch(
+        self, requests: list[Request], chunks: list[str] | None = None, pinned: bool = False
+    ) -> list[Any]:
+        """The bytes of each request (a uint8 NumPy array), None where the object does not
+        exist. ``chunks``: the chunk named in each request's error (default its key).
+        ``pinned``: land the bytes in page-locked memory where the fetcher reads bodies into
+        buffers of its own (plain HTTP(S)), for bytes that go to the GPU as they are."""
         if not requests:
             return []
         chunks = chunks or [r.key for r in requests]
         if self.http is not None:
-            return self.http.fetch_all(list(zip(requests, chunks)), self._attempts_threaded)
+            land = pinned_landing if pinned else None
+            jobs = [(r, c, land) for r, c in zip(requests, chunks)]
+            return self.http.fetch_all(jobs, self._attempts_threaded)
         from zarr.core.sync import sync
 
         return sync(self._fetch_all(requests, chunks))
@@ -283,10 +289,10 @@ class RemoteSource:
 
     def _attempts_threaded(self, job: tuple) -> Any:
         """:meth:`_attempts` for the HTTP fetcher's threads (one request: ``job``)."""
-        r, chunk = job
+        r, chunk, land = job
         for attempt in range(RETRIES + 1):
             try:
-                data = self.http.get(self.key(r.key), r.start, r.end, TIMEOUT_S, r.limit)
+                data = self.http.get(self.key(r.key), r.start, r.end, TIMEOUT_S, r.limit, land)
                 break
             except (UnsafeStoreError, ChunkError):
                 raise
@@ -344,6 +350,16 @@ class RemoteSource:
                 **where,
             )
         return data
+
+
+def pinned_landing(nbytes: int) -> Any:
+    """``nbytes`` of page-locked memory from cupy's pinned pool, for a fetched body. The size
+    asked of the pool is rounded up (at most a quarter more) so that bodies of similar sizes
+    reuse the pool's blocks rather than each pinning new memory."""
+    from .decoders.batch import pinned_buffer
+
+    step = 1 << max(nbytes.bit_length() - 3, 12)
+    return pinned_buffer(-(-nbytes // step) * step)[:nbytes]
 
 
 def _delay(attempt: int) -> float:

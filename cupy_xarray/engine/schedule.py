@@ -94,9 +94,12 @@ class Scheduler:
         if device.name != "gpu":
             return ["host"] * len(tasks), None
         if not codecs:  # uncompressed tiles, staged only to be scattered
-            if sum(t.nbytes for t in tasks) > SMALL_READ_BYTES:
+            fetched = getattr(tasks[0], "blob", None) is not None
+            if not fetched and sum(t.nbytes for t in tasks) > SMALL_READ_BYTES:
                 return ["batch"] * len(tasks), None  # kvikio: 2.7x the CPU threads' rate
-            return ["host"] * len(tasks), None  # a dask task, a selection: no kvikio setup
+            # a dask task, a selection (no kvikio setup); fetched bytes, already in (pinned)
+            # host memory: copied from there into their place in the output, no staging
+            return ["host"] * len(tasks), None
         kind = stream_kind(codecs)
         codec = compressor(codecs) or "crc32c"
         if kind is None:  # crc32c alone
