@@ -180,7 +180,8 @@ class Boxes:
         for k in range(out.ndim - 2, -1, -1):
             self._ostride[k] = self._ostride[k + 1] * out.shape[k + 1]
         self._sources: list[Any] = []
-        self._rows: list[np.ndarray] = []
+        # per queued piece: its geometry's key and how far its box is from the geometry's own
+        self._queued: list[tuple[tuple, int]] = []
         self._geometry: dict[tuple, tuple[np.ndarray, int] | None] = {}
 
     def _base(self, piece: Any) -> int:
@@ -207,21 +208,33 @@ class Boxes:
             self._geometry[key] = geometry
         if geometry is None:
             return False
-        copies, base = geometry
-        rows = copies.copy()
-        rows[:, 1] += self._base(piece) - base
-        index = len(self._sources)
         self._sources.append(data)
-        self._rows.append(np.concatenate([np.full((len(rows), 1), index, np.int64), rows], axis=1))
+        self._queued.append((key, self._base(piece) - geometry[1]))
         return True
 
     def table(self) -> np.ndarray:
         """The queued copies, one row each: source index, source offset, output offset,
-        width, height, source pitch, output pitch (bytes). Raises ValueError where a copy
-        would reach past its source or the output (a bug, never a store's doing)."""
-        if not self._rows:
+        width, height, source pitch, output pitch (bytes), in the order the pieces were
+        queued. Raises ValueError where a copy would reach past its source or the output (a
+        bug, never a store's doing)."""
+        if not self._queued:
             return np.empty((0, 7), np.int64)
-        t = np.concatenate(self._rows)
+        # the pieces of a batch share a few geometries: rows are built per geometry, at once
+        by_key: dict[tuple, list[int]] = {}
+        for i, (key, _) in enumerate(self._queued):
+            by_key.setdefault(key, []).append(i)
+        shifts = np.array([shift for _, shift in self._queued], dtype=np.int64)
+        per_piece: list[Any] = [None] * len(self._queued)
+        for key, members in by_key.items():
+            copies = self._geometry[key][0]
+            idx = np.array(members, dtype=np.int64)
+            rows = np.empty((len(idx), len(copies), 7), np.int64)
+            rows[:, :, 0] = idx[:, None]
+            rows[:, :, 1:] = copies
+            rows[:, :, 2] += shifts[idx, None]
+            for j, i in enumerate(members):
+                per_piece[i] = rows[j]
+        t = per_piece[0] if len(per_piece) == 1 else np.concatenate(per_piece)
         lengths = np.array([len(s) for s in self._sources], dtype=np.int64)
         last = t[:, 4] - 1
         src_end = t[:, 1] + last * t[:, 5] + t[:, 3]
@@ -238,7 +251,7 @@ class Boxes:
                 _run_gpu(xp, self.out, self._sources, t)
             else:
                 _run_host(self.out, self._sources, t)
-        self._sources, self._rows = [], []
+        self._sources, self._queued = [], []
         return len(t)
 
 
