@@ -156,7 +156,7 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int, device: Any = N
     """Find each piece's bytes; return (tasks, number of missing chunks). ``device``: where
     the read goes (fetched bytes of uncompressed arrays land in pinned memory for a GPU)."""
     if spec.source is not None:
-        tasks, missing_pieces = _fetch(spec, pieces, out, pinned=_lands_pinned(spec, device))
+        tasks, missing_pieces = _fetch(spec, pieces, out, device=device)
         return tasks, len(missing_pieces)
     tasks: list[_Task] = []
     missing = 0
@@ -218,16 +218,17 @@ def _lands_pinned(spec: ArraySpec, device: Any) -> bool:
 
 
 def _fetch(
-    spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | None = None, pinned: bool = False
+    spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | None = None, device: Any = None
 ):
     """:func:`_locate` for a remote store: fetch the pieces' objects (whole chunks; for sharded
     arrays the shards' indexes, then their inner chunks' ranges, neighbours coalesced).
     Returns (tasks, the pieces whose chunks do not exist). ``indexes``: shard indexes already
-    fetched (filled in; default the source's own, kept while the dataset is open); ``pinned``:
-    land the bytes in pinned memory (:meth:`.remote.RemoteSource.fetch`)."""
+    fetched (filled in; default the source's own, kept while the dataset is open); ``device``:
+    where the read goes (:func:`_lands_pinned`)."""
     from .remote import Request, coalesce
 
     source = spec.source
+    pinned = _lands_pinned(spec, device)
     tasks: list[_Task] = []
     missing: list[ChunkPiece] = []
     if spec.shard is None:
@@ -316,9 +317,7 @@ def _waves(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]], wave_bytes: in
 
 
 def _fetch_wave(wave: list, indexes: dict, device: Any = None) -> list:
-    return [
-        (i, spec, *_fetch(spec, pieces, i, indexes, _lands_pinned(spec, device))) for i, spec, pieces in wave
-    ]
+    return [(i, spec, *_fetch(spec, pieces, i, indexes, device)) for i, spec, pieces in wave]
 
 
 def _known_indexes(spec: ArraySpec, shards: list[tuple[int, ...]], cache: dict) -> dict:

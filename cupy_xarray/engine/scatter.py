@@ -219,12 +219,13 @@ class Boxes:
         bug, never a store's doing)."""
         if not self._queued:
             return np.empty((0, 7), np.int64)
-        # the pieces of a batch share a few geometries: rows are built per geometry, at once
+        # the pieces of a batch share a few geometries: rows are built per geometry, at once,
+        # then put back in the order the pieces were queued (column 0)
         by_key: dict[tuple, list[int]] = {}
         for i, (key, _) in enumerate(self._queued):
             by_key.setdefault(key, []).append(i)
         shifts = np.array([shift for _, shift in self._queued], dtype=np.int64)
-        per_piece: list[Any] = [None] * len(self._queued)
+        parts = []
         for key, members in by_key.items():
             copies = self._geometry[key][0]
             idx = np.array(members, dtype=np.int64)
@@ -232,9 +233,9 @@ class Boxes:
             rows[:, :, 0] = idx[:, None]
             rows[:, :, 1:] = copies
             rows[:, :, 2] += shifts[idx, None]
-            for j, i in enumerate(members):
-                per_piece[i] = rows[j]
-        t = per_piece[0] if len(per_piece) == 1 else np.concatenate(per_piece)
+            parts.append(rows.reshape(-1, 7))
+        t = np.concatenate(parts)
+        t = t[np.argsort(t[:, 0], kind="stable")]
         lengths = np.array([len(s) for s in self._sources], dtype=np.int64)
         last = t[:, 4] - 1
         src_end = t[:, 1] + last * t[:, 5] + t[:, 3]
