@@ -5,8 +5,8 @@ chunk keys, shards). :class:`Containment` checks keys (no ``..`` component, no l
 ``/``), resolves links (a link that leaves the root is refused unless
 ``allow_external_links=True``) and refuses metadata that asks for absurd resources, each
 with a :class:`UnsafeStoreError` naming the key. Checks run before zarr-python or the
-engine open anything; links are resolved once per directory per read, and per chunk only
-when the chunk file itself is a link.
+engine open anything; links are resolved once per directory while an array is open, and
+per chunk only when the chunk file itself is a link.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Containment:
     def stat_chunk(self, path: str, key: str, checked_dirs: set[str], base: str = "") -> os.stat_result:
         """``os.stat`` of a chunk or shard file, after checking it stays inside the root.
 
-        ``checked_dirs`` caches directories already checked during this read; ``base`` (the
+        ``checked_dirs`` caches directories already checked (the array's); ``base`` (the
         array's directory) is resolved in full once, the directories below it only need
         an ``lstat`` each to show they are not links. Raises FileNotFoundError for a
         missing chunk.

@@ -77,6 +77,26 @@ def test_decode_choice_overrides_the_model():
         Scheduler(force="gpu")
 
 
+def test_direct_reads_of_a_chunk_or_two_skip_kvikio():
+    """Pieces read straight into the output: a GPU read of a few MiB of them (a dask task of
+    one chunk) goes to the host route, a larger one to kvikio with the batches; a CPU read
+    reads them with its batches; a forced route wins."""
+
+    def direct(count, nbytes=2**20):
+        tasks = _tasks((), count, nbytes)
+        for t in tasks:
+            t.direct = (0, nbytes, 0)
+        return tasks
+
+    s = Scheduler(RATES)
+    assert s.direct_routes(direct(1, 4 * 2**20), GPU) == ["host"]
+    assert s.direct_routes(direct(4), GPU) == ["host"] * 4
+    assert s.direct_routes(direct(5), GPU) == ["batch"] * 5
+    assert s.direct_routes(direct(1, 16 * 2**20), GPU) == ["batch"]
+    assert s.direct_routes(direct(2), CPU) == ["batch"] * 2
+    assert Scheduler(force="host").direct_routes(direct(64), CPU) == ["host"] * 64
+
+
 def test_split_balances_the_processors():
     r = Rates(host_thread=1e9, gpu=10e9, gpu_stream=1e9, gpu_call=1e-3)
     sizes = np.full(1000, 2**20, dtype=np.float64)

@@ -348,3 +348,39 @@ def test_read_zarr_gds_chunked_keeps_its_options(tmp_path, device):
     assert ds.a.chunks is not None
     with pytest.raises(ValueError, match="batch_bytes must be a positive"):
         _open(store, device, batch_bytes=0)
+
+
+def test_directories_are_checked_once_while_open_chunk_files_every_read(tmp_path, device, monkeypatch):
+    """An open dataset checks a chunk directory for links once; the chunk files are looked at
+    on every read, so a chunk replaced by a link to outside the root after the first read is
+    still refused (and a fresh open checks the directories again)."""
+    from cupy_xarray import containment
+
+    store = tmp_path / "s.zarr"
+    ref = _write(store, compressors=None)
+    ds = xr.open_dataset(store, engine="kvikio", device=device, cache=False)
+    seen: list[str] = []
+    real_lstat = os.lstat
+
+    def counting(path, *args, **kw):
+        seen.append(os.fspath(path))
+        return real_lstat(path, *args, **kw)
+
+    monkeypatch.setattr(containment.os, "lstat", counting)
+    np.testing.assert_array_equal(host(ds.a[:4, :4].data), ref.a.values[:4, :4])
+    first = list(seen)
+    chunk_dir = str(store / "a" / "c" / "0")
+    assert chunk_dir in first and str(store / "a" / "c" / "0" / "0") in first
+    seen.clear()
+    np.testing.assert_array_equal(host(ds.a[:4, :4].data), ref.a.values[:4, :4])
+    assert seen == [str(store / "a" / "c" / "0" / "0")], seen  # the chunk file alone
+    sentinel = Sentinel(tmp_path / "sentinel")
+    chunk = store / "a" / "c" / "0" / "0"
+    chunk.unlink()
+    os.symlink(sentinel.path, chunk)
+    with sentinel, pytest.raises(UnsafeStoreError, match="c/0/0.*outside the store root"):
+        ds.a[:4, :4].load()
+    seen.clear()
+    with sentinel, pytest.raises(UnsafeStoreError, match="c/0/0.*outside the store root"):
+        _open(store, device).a.load()
+    assert chunk_dir in seen  # a new open walks the directories again

@@ -131,6 +131,9 @@ def _span(task: Any) -> tuple[int, int]:
 
 
 def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
+    if task.direct is not None:
+        _direct_job(task, out, device)
+        return
     recipe = task.spec.recipe
     t0 = time.perf_counter()
     lo, hi = (0, task.nbytes) if recipe.bytes_codecs else _span(task)
@@ -155,6 +158,34 @@ def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
         _place_host(task, data, out, device)
         return
     _job_gpu(task, stored, out, device, stats, (lo, hi))
+
+
+def _direct_job(task: Any, out: Any, device: Any) -> None:
+    """A piece whose stored bytes are one run of the output: read straight into a host
+    output, or into the thread's pinned buffer and copied once into a GPU one."""
+    file_off, n, dst = task.direct
+    if not n:
+        return
+    into = None
+    if device.name != "gpu":
+        into = out.reshape(-1).view(np.uint8)[dst : dst + n]
+    elif task.blob is None:
+        into = _buffer("stored", n, pinned=True)[:n]
+    op = ReadOp(task.path, file_off, n, into, task.spec.name, task.key, task.blob)
+    if task.blob is not None and into is None:
+        src = np.ascontiguousarray(blob_bytes(op))  # fetched: copied from where it landed
+    else:
+        _pread_into(op)
+        if device.name != "gpu":
+            return
+        src = into
+    cupy = device.xp
+    stream = _stream(cupy)
+    rt = cupy.cuda.runtime
+    try:
+        rt.memcpyAsync(out.data.ptr + dst, src.ctypes.data, n, rt.memcpyHostToDevice, stream.ptr)
+    finally:
+        stream.synchronize()  # the pinned buffer is reused by this thread's next job
 
 
 def _place_host(task: Any, data: np.ndarray, out: np.ndarray, device: Any) -> None:

@@ -9,6 +9,7 @@ while one is decoded, the next one is already being read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -82,6 +83,7 @@ class _Clock:
 _ALIGN = 256
 
 
+@functools.cache
 def _max_ops() -> int:
     """Chunk reads per batch: nvCOMP wants big batches; each open file holds descriptors."""
     try:
@@ -160,13 +162,12 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int, device: Any = N
         return tasks, len(missing_pieces)
     tasks: list[_Task] = []
     missing = 0
-    checked: set[str] = set()  # directories already checked to stay inside the store root
     if spec.shard is None:
         for p in pieces:
             key = spec.chunk_key(p.coords)
             path = os.path.join(spec.directory, key)
             try:
-                st = spec.stat_file(path, key, checked)
+                st = spec.stat_file(path, key)
             except FileNotFoundError:
                 missing += 1
                 continue
@@ -181,7 +182,7 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int, device: Any = N
     indexes: dict[tuple[int, ...], Any] = {}
     for p, (shard, local) in zip(pieces, _places(spec, pieces)):
         if shard not in indexes:
-            indexes[shard] = read_shard_index(spec, shard, checked)
+            indexes[shard] = read_shard_index(spec, shard)
         found = _inner(spec, shard, local, indexes[shard])
         if found is None:
             missing += 1
@@ -459,7 +460,7 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
         start = total + (_ALIGN - lead) % _ALIGN
         offsets.append(start)
         total = -(-(start + t.nbytes) // _ALIGN) * _ALIGN
-    staging = device.empty((max(total, 1),), np.uint8)
+    staging = device.empty((total,), np.uint8) if staged else None  # none for direct reads alone
     for t in staged:
         t.staging = staging
     ops = []
@@ -617,12 +618,11 @@ def _check_files_zarr_reads(spec: ArraySpec, selection: tuple) -> None:
         if c is not None:
             c.check_tree(spec.directory, spec.name)
         return
-    checked: set[str] = set()
     for coords in {p.coords for p in plan_chunks(selection, spec.shape, grid)}:
         key = spec.chunk_key(coords)
         path = os.path.join(spec.directory, key)
         try:
-            st = spec.stat_file(path, key, checked)
+            st = spec.stat_file(path, key)
         except FileNotFoundError:
             continue
         if stat.S_ISDIR(st.st_mode):
@@ -761,12 +761,15 @@ def _routes(
     tasks: list[_Task], device: Device, decode: str, scheduler: Scheduler, limit: int
 ) -> tuple[list, list, list]:
     """Split the tasks into those read with the batches and those of the host route."""
-    batched, on_host, groups = [], [], {}
+    batched, on_host, groups, direct = [], [], {}, []
     for t in tasks:
         if t.direct is not None:
-            batched.append(t)
+            direct.append(t)
         else:
             groups.setdefault(id(t.spec.recipe), []).append(t)
+    if direct:
+        for t, r in zip(direct, scheduler.direct_routes(direct, device)):
+            (on_host if r == "host" else batched).append(t)
     decisions = []
     for group in groups.values():
         routes, decision = scheduler.routes(group, device, decode, limit)
@@ -897,7 +900,8 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
             bar.close()
         last_read_stats.clear()
         last_read_stats.update(clock.stats)
-        log.debug("read phases (s): %s", {k: round(v, 4) for k, v in clock.stats.items()})
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("read phases (s): %s", {k: round(v, 4) for k, v in clock.stats.items()})
     return outs
 
 

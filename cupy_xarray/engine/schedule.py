@@ -81,6 +81,17 @@ class Scheduler:
             return self._rates.get(kind, DEFAULT_RATES.get(kind, DEFAULT_RATES["zstd"]))
         return rates(kind, device)
 
+    def direct_routes(self, tasks: list[Any], device: Any) -> list[str]:
+        """Routes for pieces read straight into the output (their bytes are one run of it):
+        on a GPU, a read of at most :data:`DIRECT_HOST_BYTES` of them goes to the host route
+        (read into the thread's pinned buffer, one copy each: a dask task or a selection of a
+        chunk or two), larger ones with the batches (kvikio, many threads per read)."""
+        if self.force is not None:
+            return [self.force] * len(tasks)
+        if device.name == "gpu" and sum(t.direct[1] for t in tasks) <= DIRECT_HOST_BYTES:
+            return ["host"] * len(tasks)
+        return ["batch"] * len(tasks)
+
     def routes(
         self, tasks: list[Any], device: Any, decode: str, batch_bytes: float | None = None
     ) -> tuple[list[str], Decision | None]:
@@ -131,6 +142,9 @@ class Scheduler:
 
 #: uncompressed tiles beyond this size are staged with the batches, smaller reads go to CPU threads
 SMALL_READ_BYTES = 64 * 2**20
+#: a GPU read of at most this many bytes read straight into the output goes to the host route:
+#: kvikio's per-read setup and its hand-off to its own threads cost more than one thread's pread
+DIRECT_HOST_BYTES = 4 * 2**20
 
 #: a split must be estimated at most this share of the faster processor's time alone
 SPLIT_GAIN = 0.6

@@ -17,12 +17,9 @@ from .spec import ArraySpec
 EMPTY = np.uint64(2**64 - 1)
 
 
-def read_shard_index(
-    spec: ArraySpec, shard_coords: tuple[int, ...], checked: set[str] | None = None
-) -> np.ndarray | None:
+def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarray | None:
     """The index of one shard: an array of shape ``chunks_per_shard + (2,)`` of uint64.
 
-    ``checked``: directories already checked to stay inside the store root during this read.
     Returns None when the shard file does not exist (all its chunks read as fill value).
     """
     layout = spec.shard
@@ -32,7 +29,7 @@ def read_shard_index(
     nbytes = layout.index_nbytes(spec.chunks)
     if spec.containment is not None:
         try:
-            spec.stat_file(path, key, set() if checked is None else checked)
+            spec.stat_file(path, key)
         except FileNotFoundError:
             return None
     try:

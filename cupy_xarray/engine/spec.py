@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -118,6 +118,9 @@ class ArraySpec:
     fallback: str | None = None
     containment: Containment | None = None
     source: RemoteSource | None = None  # a store that is not a local directory
+    #: directories of this array already shown to stay inside the store root (kept while the
+    #: array is open: a dask task or a small selection would otherwise walk them every read)
+    checked_dirs: set[str] = field(default_factory=set, compare=False, repr=False)
 
     def chunk_key(self, file_coords: tuple[int, ...]) -> str:
         return self.zarr_array.metadata.encode_chunk_key(file_coords)
@@ -125,13 +128,14 @@ class ArraySpec:
     def chunk_path(self, file_coords: tuple[int, ...]) -> str:
         return os.path.join(self.directory, self.chunk_key(file_coords))
 
-    def stat_file(self, path: str, key: str, checked: set[str]) -> os.stat_result:
+    def stat_file(self, path: str, key: str) -> os.stat_result:
         """``os.stat`` of a chunk or shard file; for an untrusted store, after checking that it
-        and its directories stay inside the root (``checked``: directories already checked
-        during this read). Raises FileNotFoundError for a missing file."""
+        and its directories stay inside the root (each directory once while the array is
+        open: :attr:`checked_dirs`; the file itself on every read). Raises FileNotFoundError
+        for a missing file."""
         if self.containment is None:
             return os.stat(path)
-        return self.containment.stat_chunk(path, key, checked, self.directory)
+        return self.containment.stat_chunk(path, key, self.checked_dirs, self.directory)
 
 
 class Unsupported(Exception):
