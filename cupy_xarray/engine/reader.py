@@ -711,7 +711,8 @@ def read_arrays(
     device
         Where the outputs go (:func:`cupy_xarray.device.resolve_device`).
     batch_bytes
-        Bytes read (and decoded) per batch; bounds the memory used beside the outputs.
+        Bytes read (and decoded) per batch; bounds the memory used beside the outputs (two
+        batches are in flight; uncompressed reads keep more, smaller ones in the same memory).
         Default None: an eighth of the outputs (128 MiB to 2 GiB), 2 GiB for ``decode="gpu"``.
     progress
         Show a progress bar (tqdm) over the bytes read.
@@ -799,12 +800,27 @@ def _learn(
             learn(d, device, sizes[d.key], clock.groups.get(d.key, 0.0), jobs.wall, spent.get(d.key, 0.0))
 
 
+#: batches in flight at once when none is decoded (uncompressed tiles, staged only to be
+#: placed): more, smaller batches in the same memory, so that the reads of the next ones keep
+#: the I/O threads busy while the calling thread places one; compressed reads keep two (nvCOMP's
+#: throughput grows with the streams per call)
+UNCOMPRESSED_DEPTH = 4
+
+
+def _depth(batched: list[_Task]) -> int:
+    """Batches in flight at once: :data:`UNCOMPRESSED_DEPTH` where no task is decoded, else 2."""
+    if any(t.spec.recipe.bytes_codecs for t in batched):
+        return 2
+    return max(2, UNCOMPRESSED_DEPTH)
+
+
 def _staging_limit(outs: list, batch_bytes: int | None, decode: str) -> int:
     """Bytes a batch may hold: ``batch_bytes`` where given. Else, for ``decode="auto"`` or
     ``"cpu"``, an eighth of the outputs (at least 128 MiB, at most
-    :data:`DEFAULT_BATCH_BYTES`): two batches are in flight, and a compressed one holds its
-    stored and decoded bytes. ``decode="gpu"`` favours nvCOMP's throughput, which grows with
-    the streams per call: :data:`DEFAULT_BATCH_BYTES`."""
+    :data:`DEFAULT_BATCH_BYTES`): two batches are in flight (or :func:`_depth` batches of
+    ``2 / depth`` of it), and a compressed one holds its stored and decoded bytes.
+    ``decode="gpu"`` favours nvCOMP's throughput, which grows with the streams per call:
+    :data:`DEFAULT_BATCH_BYTES`."""
     if batch_bytes is not None:
         return max(1, batch_bytes)
     if decode == "gpu":
@@ -954,7 +970,8 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
     missing chunks (None: small reads are not assembled on the host)."""
     limit = _staging_limit(outs, batch_bytes, decode)
     batched, on_host, decisions = _routes(tasks, device, decode, scheduler, limit)
-    batches = _batches(batched, limit) if batched else []
+    depth = _depth(batched)
+    batches = _batches(batched, limit * 2 // depth) if batched else []
     pending: list = []
     jobs = None
     try:
@@ -967,12 +984,12 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     jobs = host.start(on_host, twins, _host_device(device), inline=alone)
                 else:
                     jobs = host.start(on_host, outs, device, inline=alone)
-                if batches:
-                    pending.append(_submit(session, batches[0], outs, device))
+                for first in batches[: depth - 1]:
+                    pending.append(_submit(session, first, outs, device))
                 ahead: dict = {}  # the next batch's checks, started while this one decodes
                 for b, batch in enumerate(batches):
-                    if b + 1 < len(batches):
-                        pending.append(_submit(session, batches[b + 1], outs, device))
+                    if b + depth - 1 < len(batches):
+                        pending.append(_submit(session, batches[b + depth - 1], outs, device))
                     clock.lap("submit")
                     waiter = pending.pop(0)
                     waiter.wait()
@@ -992,7 +1009,7 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                         _finish(batch, outs, device, clock, decode)
                     device.synchronize()  # staging memory is reused by the next batch's reads
                     # hold no reference to this batch's staging: the next batch's is allocated
-                    # before this loop comes back, and only two may be alive at once
+                    # before this loop comes back, and only ``depth`` may be alive at once
                     waiter = None
                     clock.lap("sync")
                     if bar is not None:
