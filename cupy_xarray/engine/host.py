@@ -162,23 +162,21 @@ def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
 
 def _direct_job(task: Any, out: Any, device: Any) -> None:
     """A piece whose stored bytes are one run of the output: read straight into a host
-    output, or into the thread's pinned buffer and copied once into a GPU one."""
+    output, or into the thread's pinned buffer (a fetched one: from where it landed) and
+    copied once into a GPU one."""
     file_off, n, dst = task.direct
     if not n:
         return
-    into = None
+    op = ReadOp(task.path, file_off, n, None, task.spec.name, task.key, task.blob)
     if device.name != "gpu":
-        into = out.reshape(-1).view(np.uint8)[dst : dst + n]
-    elif task.blob is None:
-        into = _buffer("stored", n, pinned=True)[:n]
-    op = ReadOp(task.path, file_off, n, into, task.spec.name, task.key, task.blob)
-    if task.blob is not None and into is None:
-        src = np.ascontiguousarray(blob_bytes(op))  # fetched: copied from where it landed
-    else:
+        op.dest = out.reshape(-1).view(np.uint8)[dst : dst + n]
         _pread_into(op)
-        if device.name != "gpu":
-            return
-        src = into
+        return
+    if task.blob is not None:
+        src = np.ascontiguousarray(blob_bytes(op))
+    else:
+        src = op.dest = _buffer("stored", n, pinned=True)
+        _pread_into(op)
     cupy = device.xp
     stream = _stream(cupy)
     rt = cupy.cuda.runtime

@@ -34,6 +34,7 @@ import numpy as np
 
 from .decoders import Rates, compressor, decodes_on_gpu, proven, stream, stream_bytes, stream_kind
 from .decoders.registry import STREAMS
+from .host import INLINE_BYTES
 
 log = logging.getLogger("cupy_xarray")
 
@@ -83,12 +84,13 @@ class Scheduler:
 
     def direct_routes(self, tasks: list[Any], device: Any) -> list[str]:
         """Routes for pieces read straight into the output (their bytes are one run of it):
-        on a GPU, a read of at most :data:`DIRECT_HOST_BYTES` of them goes to the host route
-        (read into the thread's pinned buffer, one copy each: a dask task or a selection of a
-        chunk or two), larger ones with the batches (kvikio, many threads per read)."""
+        on a GPU, a read small enough for the calling thread (:data:`.host.INLINE_BYTES`) goes
+        to the host route (read into the thread's pinned buffer, one copy each: a dask task or
+        a selection of a chunk or two; kvikio's per-read setup and its hand-off to its own
+        threads cost more), larger ones with the batches (kvikio, many threads per read)."""
         if self.force is not None:
             return [self.force] * len(tasks)
-        if device.name == "gpu" and sum(t.direct[1] for t in tasks) <= DIRECT_HOST_BYTES:
+        if device.name == "gpu" and sum(t.direct[1] for t in tasks) <= INLINE_BYTES:
             return ["host"] * len(tasks)
         return ["batch"] * len(tasks)
 
@@ -142,9 +144,6 @@ class Scheduler:
 
 #: uncompressed tiles beyond this size are staged with the batches, smaller reads go to CPU threads
 SMALL_READ_BYTES = 64 * 2**20
-#: a GPU read of at most this many bytes read straight into the output goes to the host route:
-#: kvikio's per-read setup and its hand-off to its own threads cost more than one thread's pread
-DIRECT_HOST_BYTES = 4 * 2**20
 
 #: a split must be estimated at most this share of the faster processor's time alone
 SPLIT_GAIN = 0.6
