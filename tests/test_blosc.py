@@ -90,6 +90,54 @@ def test_arrays(tmp_path, device, fmt, cname, shuffle):
         np.testing.assert_array_equal(host(got), want)
 
 
+@pytest.mark.parametrize("decode", ["auto", "gpu"])
+@pytest.mark.parametrize(
+    "dtype, cname, shuffle",
+    [
+        ("f4", "lz4", numcodecs.Blosc.SHUFFLE),
+        ("f4", "zstd", numcodecs.Blosc.BITSHUFFLE),
+        ("i2", "lz4", numcodecs.Blosc.BITSHUFFLE),
+        ("i2", "lz4", numcodecs.Blosc.SHUFFLE),
+        ("f8", "lz4", numcodecs.Blosc.SHUFFLE),
+        ("u1", "lz4", numcodecs.Blosc.BITSHUFFLE),
+        ("u1", "lz4", numcodecs.Blosc.SHUFFLE),  # a typesize of 1 is not shuffled: no box
+        ("f4", "lz4", numcodecs.Blosc.NOSHUFFLE),  # blocks stored as they are: no box
+    ],
+)
+def test_tiles_unshuffled_into_their_boxes(tmp_path, device, monkeypatch, dtype, cname, shuffle, decode):
+    """Whole tiles (a chunk is not one run of the output) are unshuffled straight into their
+    box of the output; the edge tiles, partial selections and chunks whose blocks do not
+    allow it go through scratch and the scatter, in the same batches. Every read equals
+    zarr-python's."""
+    from cupy_xarray.engine.schedule import Scheduler
+
+    comp = numcodecs.Blosc(cname=cname, clevel=5, shuffle=shuffle, blocksize=4096)
+    arr = zarr.create_array(
+        tmp_path / "t.zarr", shape=(7, 80, 200), chunks=(2, 32, 64), dtype=dtype, zarr_format=2,
+        compressors=comp,
+    )  # fmt: skip
+    arr[:] = _field(dtype, arr.shape)
+    boxed = []
+    choose = eb._boxable
+
+    def spy(lay, boxes, nchunks, dev):
+        got = choose(lay, boxes, nchunks, dev)
+        boxed.append(sum(b is not None for b in got))
+        return got
+
+    monkeypatch.setattr(eb, "_boxable", spy)
+    dev = resolve_device(device)
+    spec = array_spec(arr)
+    sels = [(slice(None),), (slice(2, 6), slice(32, 80), slice(64, 192)), (1, slice(None), slice(3, 200))]
+    for sel in sels:
+        batch = Scheduler(force="batch")
+        (got,) = read_arrays([(spec, sel)], dev, batch_bytes=20000, decode=decode, scheduler=batch)
+        np.testing.assert_array_equal(host(got), arr[sel])
+    fits = shuffle != numcodecs.Blosc.NOSHUFFLE and not (dtype == "u1" and shuffle == numcodecs.Blosc.SHUFFLE)
+    if device == "cpu" or decode == "gpu" or cname == "lz4":  # zstd on "auto": c-blosc, no boxes
+        assert (sum(boxed) > 0) == fits, boxed
+
+
 def test_sharded_blosc(tmp_path, device):
     arr = zarr.create_array(
         tmp_path / "a.zarr", shape=(64, 64), chunks=(16, 16), shards=(32, 64), dtype="i4",

@@ -74,6 +74,39 @@ def test_box_copies_place_what_the_scatter_places(shape, chunks, dtype, monkeypa
     assert boxes > 20
 
 
+@pytest.mark.parametrize("shape, chunks, dtype", LAYOUTS + [((4, 3, 8, 6, 70), (2, 1, 4, 6, 64), "f4")])
+def test_whole_chunk_boxes_place_what_the_scatter_places(shape, chunks, dtype):
+    """The box a whole chunk is unshuffled into (:func:`.scatter.chunk_box`) holds the bytes
+    the scatter puts there; pieces of part of a chunk have none."""
+    from cupy_xarray.engine.decoders import Box
+
+    rng = np.random.default_rng(7 + len(shape))
+    recipe = ChunkRecipe(shape=chunks, dtype=np.dtype(dtype))
+    src = np.frombuffer(rng.integers(0, 100, size=chunks).astype(dtype).tobytes(), np.uint8)
+    boxed = 0
+    for sel in list(_selections(rng, shape)) + [(slice(None),) * len(shape)]:
+        nsel = normalize_selection(sel, shape)
+        oshape = output_shape(nsel, shape)
+        for piece in plan_chunks(nsel, shape, chunks):
+            geometry = scatter.chunk_box(recipe, piece, oshape)
+            whole = all(
+                (isinstance(s, int) and n == 1) or (isinstance(s, slice) and s == slice(0, n, 1))
+                for s, n in zip(piece.chunk_sel, chunks)
+            )
+            if geometry is None:
+                assert not whole or len(chunks) > 4, piece
+                continue
+            assert whole, piece
+            boxed += 1
+            want = np.zeros(oshape, dtype)
+            place_chunk(np, want, src, recipe, piece)
+            got = np.zeros(oshape, dtype)
+            box = Box(got.reshape(-1).view(np.uint8), *geometry)
+            box.view()[...] = src.reshape(box.planes, box.rows, box.width)
+            np.testing.assert_array_equal(got, want, err_msg=str(piece))
+    assert boxed > 0
+
+
 def test_narrow_rows_and_many_copies_are_left_to_the_scatter():
     shape = chunks = (20, 4, 4, 256)
     recipe = ChunkRecipe(shape=chunks, dtype=np.dtype("f4"))

@@ -27,8 +27,10 @@ from ..device import Device, PrototypeDevice, resolve_device
 from ..errors import ChunkError, OutOfMemoryError
 from . import host
 from .decoders import (
+    Box,
     decode_choice,
     decode_group,
+    decodes_into_boxes,
     decodes_through_scratch,
     prepare_group,
     prepares,
@@ -38,7 +40,7 @@ from .decoders import (
 )
 from .io import ReadOp
 from .plan import ChunkPiece, contiguous_span, normalize_selection, output_shape, plan_chunks
-from .scatter import Boxes, place_chunk, scatter
+from .scatter import Boxes, chunk_box, place_chunk, scatter
 from .scatter import copy_bytes as _copy_bytes
 from .schedule import Decision, Scheduler, fixed_route, learn, stream_kind
 from .shards import EMPTY, read_shard_index, remote_shard_indexes, stored_bound
@@ -116,6 +118,7 @@ class _Task:
     stage: int = 0  # byte offset of data in the staging buffer
     owner: Any = field(default=None, repr=False)  # keeps nvCOMP's output alive until scattered
     target: Any = field(default=None, repr=False)  # output bytes the last codec decodes into
+    box: Box | None = field(default=None, repr=False)  # the output box it decodes into (a tile)
     landed: bool = False  # decoded straight into the output: nothing left to scatter
     blob: Any = field(default=None, repr=False)  # bytes fetched from a remote store (offset: into it)
     ready: Any = field(default=None, repr=False)  # what chain.prepare_group started for its group
@@ -126,7 +129,7 @@ class _Task:
 
     def release(self) -> None:
         """Drop the buffers this task holds (device memory goes back to the pool)."""
-        self.data = self.staging = self.owner = self.target = self.ready = None
+        self.data = self.staging = self.owner = self.target = self.ready = self.box = None
 
 
 def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | None = None) -> str:
@@ -388,6 +391,18 @@ def _plan_target(task: _Task, out_bytes: Any) -> None:
         task.target = out_bytes[dst : dst + n]
 
 
+def _plan_box(task: _Task, out: Any, out_bytes: Any) -> None:
+    """Let the last codec decode a whole chunk that is a box of the output (a tile) straight
+    into it, where the chain can (:func:`.decoders.decodes_into_boxes`)."""
+    if task.target is not None or task.copy is not None:
+        return
+    if not decodes_into_boxes(task.spec.recipe.bytes_codecs):
+        return
+    geometry = chunk_box(task.spec.recipe, task.piece, out.shape)
+    if geometry is not None:
+        task.box = Box(out_bytes, *geometry)
+
+
 def _check_size(task: _Task) -> None:
     recipe = task.spec.recipe
     if recipe.bytes_codecs:
@@ -408,6 +423,7 @@ def _prepare(tasks: list[_Task], out: Any) -> None:
         _check_size(t)
         _plan_direct(t, out.shape)
         _plan_target(t, out_bytes)
+        _plan_box(t, out, out_bytes)
 
 
 def _progress_bytes(tasks: list[_Task]) -> int:
@@ -801,15 +817,17 @@ def _learn(
 
 
 #: batches in flight at once when none is decoded (uncompressed tiles, staged only to be
-#: placed): more, smaller batches in the same memory, so that the reads of the next ones keep
-#: the I/O threads busy while the calling thread places one; compressed reads keep two (nvCOMP's
-#: throughput grows with the streams per call)
+#: placed) and no other read runs beside: more, smaller batches in the same memory, so that
+#: the reads of the next ones keep the I/O threads busy while the calling thread places one;
+#: compressed reads keep two (nvCOMP's throughput grows with the streams per call), and so do
+#: reads beside others (dask's tasks), whose reads already keep the threads busy
 UNCOMPRESSED_DEPTH = 4
 
 
-def _depth(batched: list[_Task]) -> int:
-    """Batches in flight at once: :data:`UNCOMPRESSED_DEPTH` where no task is decoded, else 2."""
-    if any(t.spec.recipe.bytes_codecs for t in batched):
+def _depth(batched: list[_Task], crowded: bool = False) -> int:
+    """Batches in flight at once: :data:`UNCOMPRESSED_DEPTH` where no task is decoded and no
+    other read runs beside (``crowded``), else 2."""
+    if crowded or any(t.spec.recipe.bytes_codecs for t in batched):
         return 2
     return max(2, UNCOMPRESSED_DEPTH)
 
@@ -970,7 +988,7 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
     missing chunks (None: small reads are not assembled on the host)."""
     limit = _staging_limit(outs, batch_bytes, decode)
     batched, on_host, decisions = _routes(tasks, device, decode, scheduler, limit)
-    depth = _depth(batched)
+    depth = _depth(batched, clock.crowded)
     batches = _batches(batched, limit * 2 // depth) if batched else []
     pending: list = []
     jobs = None

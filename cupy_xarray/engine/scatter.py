@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,63 @@ def box_copies(
         do = dst + sum(i * d[2] for i, d in zip(idx, reversed(outer)))
         copies.append((so, do, width, height, spitch, dpitch))
     return copies
+
+
+def chunk_box(recipe: ChunkRecipe, piece: Any, out_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Where a piece that takes a whole C-order chunk lies in the C-contiguous output, as
+    ``(start, width, rows, row_pitch, planes, plane_pitch)`` in bytes: the chunk's bytes are
+    ``planes`` planes of ``rows`` rows of ``width`` bytes. None for any other piece (part of
+    a chunk, index arrays, steps, other layouts, or more than three levels of rows)."""
+    if recipe.transpose is not None or recipe.needs_swap or (recipe.order == "F" and len(recipe.shape) > 1):
+        return None
+    kept = []
+    for s, n in zip(piece.chunk_sel, recipe.shape):
+        if type(s) is int:
+            if n != 1:
+                return None
+        elif type(s) is slice and s.start == 0 and s.stop == n and s.step in (None, 1):
+            kept.append(n)
+        else:
+            return None
+    if len(kept) != len(out_shape):
+        return None
+    if any(type(o) is not slice or o.step not in (None, 1) for o in piece.out_sel):
+        return None
+    geometry = _box_geometry(tuple(kept), recipe.dtype.itemsize, tuple(out_shape))
+    if geometry is None:
+        return None
+    size = recipe.dtype.itemsize
+    stride, start = size, 0
+    for o, n in zip(reversed(piece.out_sel), reversed(out_shape)):
+        start += o.start * stride
+        stride *= n
+    return (start, *geometry)
+
+
+@functools.lru_cache(maxsize=256)
+def _box_geometry(extents: tuple[int, ...], size: int, out_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """(width, rows, row_pitch, planes, plane_pitch) of a whole chunk of ``extents`` (its
+    axes the output keeps) in an output of ``out_shape``: dimensions folded into the one
+    inside them where both chunk and output are contiguous across them."""
+    ostride = [size] * len(out_shape)
+    for k in range(len(out_shape) - 2, -1, -1):
+        ostride[k] = ostride[k + 1] * out_shape[k + 1]
+    levels: list[list[int]] = []  # innermost first: [extent, output stride]
+    for n, o in zip(reversed(extents), reversed(ostride)):
+        if n == 1:
+            continue
+        if levels and o == levels[-1][0] * levels[-1][1]:
+            levels[-1][0] *= n
+        else:
+            levels.append([n, o])
+    if not levels or levels[0][1] != size:
+        levels.insert(0, [1, size])
+    if len(levels) > 3:
+        return None
+    width = levels[0][0] * size
+    rows, row_pitch = levels[1] if len(levels) > 1 else (1, width)
+    planes, plane_pitch = levels[2] if len(levels) > 2 else (1, rows * row_pitch)
+    return width, rows, row_pitch, planes, plane_pitch
 
 
 #: a piece placed with the other pieces of its batch may take up to this many 2-D copies

@@ -19,10 +19,11 @@ and what they share::
     chain.py      a chunk's chain of codecs over its stored bytes, for both routes
 """
 
-from .base import DecodeFailure, Rates, StreamDecoder
+from .base import Box, DecodeFailure, Rates, StreamDecoder
 from .chain import (
     decode_group,
     decode_on_host,
+    decodes_into_boxes,
     decodes_through_scratch,
     prepare_group,
     prepares,
@@ -43,6 +44,7 @@ from .registry import (
 
 __all__ = [
     "DECODE_CHOICES",
+    "Box",
     "DecodeFailure",
     "Rates",
     "StreamDecoder",
@@ -50,6 +52,7 @@ __all__ = [
     "decode_choice",
     "decode_group",
     "decode_on_host",
+    "decodes_into_boxes",
     "decodes_on_gpu",
     "decodes_through_scratch",
     "prepare_group",

@@ -37,6 +37,32 @@ class Decoded(list):
 
 
 @dataclass(frozen=True)
+class Box:
+    """Where a whole chunk's decoded bytes go in a C-contiguous output: ``planes`` planes of
+    ``rows`` rows of ``width`` bytes, from byte ``start`` of ``out`` (its flat uint8 view),
+    rows ``row_pitch`` and planes ``plane_pitch`` bytes apart
+    (:func:`cupy_xarray.engine.scatter.chunk_box`)."""
+
+    out: Any
+    start: int
+    width: int
+    rows: int
+    row_pitch: int
+    planes: int
+    plane_pitch: int
+
+    def view(self) -> np.ndarray:
+        """The box as a writable (planes, rows, width) view of a numpy output."""
+        from numpy.lib.stride_tricks import as_strided
+
+        return as_strided(
+            self.out[self.start :],
+            shape=(self.planes, self.rows, self.width),
+            strides=(self.plane_pitch, self.row_pitch, 1),
+        )
+
+
+@dataclass(frozen=True)
 class Rates:
     """How fast one stream kind decodes on this machine (decoded bytes per second).
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import DecodeFailure, aligned_slots, decoded_sizes, le32
+from .base import Box, DecodeFailure, aligned_slots, decoded_sizes, le32
 from .nvcomp import DecodeTimeout, status_text
 from .zstd import frame_lengths as zstd_frame_lengths
 
@@ -239,6 +239,30 @@ def unshuffle_block(shuffled: np.ndarray, typesize: int, mode: int) -> np.ndarra
     return out
 
 
+#: a box's row width and every block's start must be multiples of this for the unshuffle to
+#: write into it: no store of the kernel (at most 64 bytes, at a multiple of its width) then
+#: crosses a row
+BOX_ALIGN = 64
+
+
+def _boxable(lay: Layout, boxes: list[Box | None] | None, nchunks: int, device: Any) -> list[Box | None]:
+    """The boxes the unshuffle writes into: those given, for chunks whose every block is
+    shuffled (a block stored as is would be copied a byte at a time) and starts at a multiple
+    of :data:`BOX_ALIGN`, with the box's rows and pitches aligned for the kernel's stores."""
+    if boxes is None or not any(b is not None for b in boxes):
+        return [None] * nchunks
+    ok = np.zeros(nchunks, dtype=bool)
+    for i, b in enumerate(boxes):
+        if b is None or b.width % BOX_ALIGN or b.row_pitch % 16 or b.plane_pitch % 16:
+            continue
+        if device.name == "gpu" and (b.out.data.ptr + b.start) % 16:
+            continue
+        ok[i] = True
+    bad = (lay.mode == MODE_NONE) | (lay.out % BOX_ALIGN != 0)  # memcpyed chunks: MODE_NONE
+    ok[np.unique(lay.bchunk[bad])] = False
+    return [b if ok[i] else None for i, b in enumerate(boxes)]
+
+
 def decode_chunks(
     buffer: Any,
     lay: Layout,
@@ -248,14 +272,17 @@ def decode_chunks(
     lap: Any = None,
     targets: list[Any] | None = None,
     ready: dict[str, Ready] | None = None,
+    boxes: list[Box | None] | None = None,
 ) -> tuple[list[Any], list[Any]]:
     """Decode every stream and unshuffle every block.
 
     ``targets`` optionally gives, per chunk, the ``expected`` bytes its blocks are
-    unshuffled into (a view of the output); chunks without one get a new buffer. ``ready``:
-    what :func:`ready_streams` started for this batch.
+    unshuffled into (a view of the output); ``boxes``, per chunk without one, the box of the
+    output its blocks are unshuffled into (:class:`Box`; where the chunk and box allow it:
+    no scratch, no scatter). Other chunks get a new buffer. ``ready``: what
+    :func:`ready_streams` started for this batch.
     Returns the buffers to keep alive until the device is synchronized, and the decoded
-    bytes of each chunk.
+    bytes of each chunk (None for a chunk unshuffled into its box).
 
     Raises
     ------
@@ -264,7 +291,10 @@ def decode_chunks(
     """
     xp = device.xp
     targets = list(targets) if targets is not None else [None] * nchunks
-    need = [i for i, t in enumerate(targets) if t is None]
+    if boxes is not None:
+        boxes = [None if t is not None else b for t, b in zip(targets, boxes)]
+    boxed = _boxable(lay, boxes, nchunks, device)
+    need = [i for i, t in enumerate(targets) if t is None and (boxed[i] is None or device.name != "gpu")]
     scratch = device.empty((max(len(need) * expected, 1),), np.uint8)
     chunks = list(targets)
     for j, i in enumerate(need):
@@ -298,13 +328,36 @@ def decode_chunks(
     if device.name == "gpu":
         raw = np.flatnonzero(lay.raw)
         ptr[raw] = np.uint64(buffer.data.ptr) + lay.src[raw].astype(np.uint64)
-        base = np.array([c.data.ptr for c in chunks], dtype=np.uint64)
-        _unshuffle_gpu(xp, base[lay.bchunk] + lay.out.astype(np.uint64), lay, ptr)
+        _unshuffle_gpu(xp, _destinations(lay, chunks, boxed), lay, ptr)
     else:
         _unshuffle_cpu(buffer, chunks, lay, decoded)
+        for c, b in zip(chunks, boxed):
+            if b is not None:
+                b.view()[...] = c.reshape(b.planes, b.rows, b.width)
     if lap:
         lap("blosc unshuffle")
-    return owners, chunks
+    return owners, [None if b is not None else c for c, b in zip(chunks, boxed)]
+
+
+def _destinations(lay: Layout, chunks: list[Any], boxed: list[Box | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Per block, the address the unshuffle kernel writes from and its geometry (w, c0, h,
+    dp, pp; w == 0: one run from that address): a run of its chunk's buffer, or its chunk's
+    box of the output."""
+    nblocks = len(lay.out)
+    base = np.zeros(len(chunks), dtype=np.uint64)
+    geo_chunk = np.zeros((len(chunks), 5), dtype=np.int64)
+    run = np.ones(len(chunks), dtype=bool)
+    for i, (c, b) in enumerate(zip(chunks, boxed)):
+        if b is not None:
+            base[i] = b.out.data.ptr + b.start
+            geo_chunk[i] = (b.width, 0, b.rows, b.row_pitch, b.plane_pitch)
+            run[i] = False
+        else:
+            base[i] = c.data.ptr
+    bdst = base[lay.bchunk] + np.where(run[lay.bchunk], lay.out, 0).astype(np.uint64)
+    geo = geo_chunk[lay.bchunk] if nblocks else np.zeros((0, 5), np.int64)
+    geo[:, 1] = np.where(run[lay.bchunk], 0, lay.out)
+    return bdst, geo
 
 
 def decode_chunks_on_host(
@@ -565,11 +618,12 @@ def _batched_copy(xp: Any, src: Any, dst: Any, soff: np.ndarray, doff: np.ndarra
     _kernel("batched_copy")((len(lens),), (256,), args)
 
 
-def _unshuffle_gpu(xp: Any, bdst: np.ndarray, lay: Layout, ptr: np.ndarray) -> None:
-    """Unshuffle every block into its destination address ``bdst`` (one kernel launch)."""
+def _unshuffle_gpu(xp: Any, dests: tuple[np.ndarray, np.ndarray], lay: Layout, ptr: np.ndarray) -> None:
+    """Unshuffle every block into its destination (:func:`_destinations`), one kernel launch."""
     nblocks = len(lay.out)
     if not nblocks:
         return
+    bdst, geo = dests
     grid_x = int(min(64, -(-int(lay.bsize.max()) // 256)))
     args = (
         xp.asarray(bdst, dtype=xp.uint64),
@@ -579,8 +633,9 @@ def _unshuffle_gpu(xp: Any, bdst: np.ndarray, lay: Layout, ptr: np.ndarray) -> N
         xp.asarray(lay.nsplits, dtype=xp.int32),
         xp.asarray(lay.s0, dtype=xp.int64),
         xp.asarray(ptr),
+        xp.asarray(np.ascontiguousarray(geo, dtype=np.int64)),
     )
     for first in range(0, nblocks, 65535):  # grid.y is limited to 65535
         sl = slice(first, min(nblocks, first + 65535))
-        part = tuple(a[sl] for a in args[:6]) + (args[6],)
+        part = tuple(a[sl] for a in args[:6]) + (args[6], args[7][sl])
         _kernel("blosc_unshuffle")((grid_x, sl.stop - sl.start), (256,), part)

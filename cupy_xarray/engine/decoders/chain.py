@@ -62,6 +62,13 @@ def decodes_through_scratch(codecs: tuple[str, ...]) -> bool:
     return bool(codecs) and codecs[-1].startswith("blosc-")
 
 
+def decodes_into_boxes(codecs: tuple[str, ...]) -> bool:
+    """Whether the chain's last decoder can write a whole chunk into its box of the output
+    when the chunk is not one run there (Blosc's unshuffle, on the GPU: no scratch, no
+    scatter; :class:`.base.Box`)."""
+    return bool(codecs) and codecs[-1].startswith("blosc-")
+
+
 def _steps(codecs: tuple[str, ...], nbytes: int):
     """The decoders of a chain in decode order: ``(name, expected, last, proven)``, where
     ``expected`` is what the step decodes to (the chunk plus the checksums still to strip) and
@@ -165,8 +172,9 @@ def _decode_blosc(
         if device.name == "gpu" and not decodes_on_gpu(blosc.STREAMS[cname], decode):
             owners, views = blosc.decode_chunks_on_host([t.data for t in tasks], expected, device, targets)
         else:
+            boxes = [t.box for t in tasks] if last else None
             owners, views = blosc.decode_chunks(
-                buffer, lay, len(tasks), expected, device, clock.lap, targets, streams
+                buffer, lay, len(tasks), expected, device, clock.lap, targets, streams, boxes
             )
     except blosc.BloscLayoutError as exc:
         raise tasks[exc.index].error(str(exc)) from exc
@@ -174,7 +182,7 @@ def _decode_blosc(
         raise tasks[0].error(f"{exc} (a batch of {len(tasks)} chunks from this one)") from exc
     for t, v in zip(tasks, views):
         t.data = v
-        t.landed = last and t.target is not None
+        t.landed = last and (t.target is not None or v is None)  # None: unshuffled into its box
     tasks[0].owner = owners
 
 

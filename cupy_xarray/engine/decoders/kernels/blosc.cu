@@ -7,6 +7,30 @@ extern "C" __global__ void batched_copy(const unsigned char* src, unsigned char*
     for (long long i = threadIdx.x; i < len[seg]; i += blockDim.x) d[i] = s[i];
 }
 
+/* where a block's unshuffled bytes go: one run at o (w == 0), or a box of the output (the
+   chunk's bytes are planes of h rows of w bytes, rows dp apart, planes pp apart, from o; the
+   block starts at byte c0 of the chunk). Boxes have w % 64 == 0, c0 % 64 == 0 and o, dp, pp
+   16-byte aligned, so that no store of up to 64 bytes at a multiple of its width in the block
+   crosses a row, and a byte's alignment is that of its place in the chunk. */
+struct Dst {
+    unsigned char* o;
+    unsigned int w, c0, h;
+    long long dp, pp;
+};
+
+__device__ __forceinline__ unsigned char* at(const Dst& d, int i) {
+    if (d.w == 0) return d.o + i;
+    unsigned int c = d.c0 + (unsigned int)i;
+    unsigned int q = c / d.w, col = c - q * d.w;
+    unsigned int plane = q / d.h, row = q - plane * d.h;
+    return d.o + plane * d.pp + row * d.dp + col;
+}
+
+/* the alignment a store at byte 0 of the block sees */
+__device__ __forceinline__ unsigned long long base_addr(const Dst& d) {
+    return d.w == 0 ? (unsigned long long)d.o : (unsigned long long)d.c0;
+}
+
 /* byte i of a block's shuffled bytes: in its only stream, or in split stream i / neblock */
 __device__ __forceinline__ unsigned char shuffled_at(const unsigned char* const* sp, int ns, int neblock,
         int i) {
@@ -53,9 +77,9 @@ __device__ __forceinline__ void store_words(unsigned char* d, const unsigned int
    elements in registers and stores them with wide writes (byte writes at a stride of TS
    made the old kernel write-bound) */
 template <int TS>
-__device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int neblock, unsigned char* o,
+__device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int neblock, const Dst& o,
         int row, int start, int stride) {
-    unsigned long long addr = (unsigned long long)o;
+    unsigned long long addr = base_addr(o);
     int store = (TS % 2 == 0 && addr % 16 == 0) ? 16 : (addr % 8 == 0 ? 8 : 1);
     for (int r = start; r < row; r += stride) {
         unsigned int w[2 * TS];
@@ -74,7 +98,7 @@ __device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int nebloc
                 w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
             }
         }
-        store_words<2 * TS>(o + r * 8 * TS, w, store);  /* the 8 * TS bytes of 8 elements */
+        store_words<2 * TS>(at(o, r * 8 * TS), w, store);  /* the 8 * TS bytes of 8 elements */
     }
 }
 
@@ -82,8 +106,8 @@ __device__ void bit_unshuffle(const unsigned char* const* sp, int ns, int nebloc
    reads 4 consecutive bytes of each of the 8 * TS bit planes with word loads and builds 4
    rows (32 elements) */
 template <int TS>
-__device__ void bit_unshuffle4(const unsigned char* s, unsigned char* o, int row, int start, int stride) {
-    unsigned long long addr = (unsigned long long)o;
+__device__ void bit_unshuffle4(const unsigned char* s, const Dst& o, int row, int start, int stride) {
+    unsigned long long addr = base_addr(o);
     int store = (TS % 2 == 0 && addr % 16 == 0) ? 16 : (addr % 8 == 0 ? 8 : 1);
     int units = row / 4;
     for (int u = start; u < units; u += stride) {
@@ -112,7 +136,7 @@ __device__ void bit_unshuffle4(const unsigned char* s, unsigned char* o, int row
                     w[i >> 2] |= (unsigned int)((x >> (8 * m)) & 0xFF) << ((i & 3) * 8);
                 }
             }
-            store_words<2 * TS>(o + (r0 + j) * 8 * TS, w, store);
+            store_words<2 * TS>(at(o, (r0 + j) * 8 * TS), w, store);
         }
     }
 }
@@ -122,7 +146,7 @@ __device__ void bit_unshuffle4(const unsigned char* s, unsigned char* o, int row
    stride of TS made the byte path write-bound). Plane b is split stream b, or the b-th run of
    n bytes of the block's one stream. Elements past the last multiple of 4: the caller. */
 template <int TS>
-__device__ void byte_unshuffle(const unsigned char* const* sp, bool planes, int n, unsigned char* o,
+__device__ void byte_unshuffle(const unsigned char* const* sp, bool planes, int n, const Dst& o,
         int start, int stride) {
     const unsigned char* p[TS];
     bool aligned_in = true;
@@ -131,7 +155,7 @@ __device__ void byte_unshuffle(const unsigned char* const* sp, bool planes, int 
         p[b] = planes ? sp[b] : sp[0] + b * n;
         aligned_in = aligned_in && ((unsigned long long)p[b] % 4 == 0);
     }
-    unsigned long long addr = (unsigned long long)o;
+    unsigned long long addr = base_addr(o);
     int store = (TS >= 4 && addr % 16 == 0) ? 16 : (addr % 4 == 0 ? 4 : 1);
     int units = n / 4;
     for (int u = start; u < units; u += stride) {
@@ -155,19 +179,21 @@ __device__ void byte_unshuffle(const unsigned char* const* sp, bool planes, int 
             }
             w[i] = v;
         }
-        store_words<TS>(o + e * TS, w, store);
+        store_words<TS>(at(o, e * TS), w, store);
     }
 }
 
-/* 32-bit indices (a Blosc block is < 2 GiB): 64-bit division is emulated and was the cost */
+/* 32-bit indices (a Blosc block is < 2 GiB): 64-bit division is emulated and was the cost.
+   bgeo: per block w, c0, h, dp, pp of its Dst (w == 0: its bytes are one run at bdst). */
 extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
         const int* bsize, const int* bts, const int* bmode, const int* bns, const long long* bs0,
-        const unsigned long long* sptr) {
+        const unsigned long long* sptr, const long long* bgeo) {
     int blk = blockIdx.y;
     int size = bsize[blk], ts = bts[blk], mode = bmode[blk], ns = bns[blk];
     const unsigned char* const* sp = (const unsigned char* const*)(sptr + bs0[blk]);
     int neblock = size / ns;
-    unsigned char* o = (unsigned char*)bdst[blk];
+    const long long* g = bgeo + 5 * (long long)blk;
+    Dst o = {(unsigned char*)bdst[blk], (unsigned int)g[0], (unsigned int)g[1], (unsigned int)g[2], g[3], g[4]};
     int n = size / ts;
     int n8 = n - n % 8;
     int start = blockIdx.x * blockDim.x + threadIdx.x;
@@ -195,7 +221,7 @@ extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
                 for (int m = 0; m < 8; m++) {
                     unsigned char v = 0;
                     for (int k = 0; k < 8; k++) v |= ((x[k] >> m) & 1) << k;
-                    o[(r * 8 + m) * ts + b] = v;
+                    *at(o, (r * 8 + m) * ts + b) = v;
                 }
             }
         }
@@ -215,10 +241,10 @@ extern "C" __global__ void blosc_unshuffle(const unsigned long long* bdst,
             }
         }
         for (int e = first + start; e < n; e += stride) {
-            unsigned char* d = o + e * ts;
-            for (int b = 0; b < ts; b++) d[b] = planes ? sp[b][e] : shuffled_at(sp, ns, neblock, b * n + e);
+            for (int b = 0; b < ts; b++)
+                *at(o, e * ts + b) = planes ? sp[b][e] : shuffled_at(sp, ns, neblock, b * n + e);
         }
         done = n * ts;
     }
-    for (int p = done + start; p < size; p += stride) o[p] = shuffled_at(sp, ns, neblock, p);
+    for (int p = done + start; p < size; p += stride) *at(o, p) = shuffled_at(sp, ns, neblock, p);
 }
