@@ -10,6 +10,11 @@ Usage (GPU machine, on stores written by ``read_patterns.py``, or written here w
 
 ``--raw`` adds the same chunk files read without the engine (and with ``--dask``, by dask
 tasks without the engine: what dask's scheduler allows a ``chunks={}`` read).
+
+``--threads N`` adds whole stored chunks read at random by one thread and by ``N`` plain
+threads, without dask: the bare read into pinned memory and copy to the GPU, ``read_arrays``
+and xarray's indexing, with the threads' seconds per chunk spent in the engine's steps (where
+they grow with the threads, the threads wait on each other).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ def main() -> None:
     ap.add_argument("--size-gib", type=float, default=1.0)
     ap.add_argument("--dask", action="store_true", help="also profile a chunks={} read")
     ap.add_argument("--raw", action="store_true", help="also time the chunk files read without the engine")
+    ap.add_argument("--threads", type=int, default=0, help="also read whole chunks in 1 and N threads")
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--top", type=int, default=22)
     args = ap.parse_args()
@@ -93,6 +99,8 @@ def main() -> None:
         if args.raw:
             raw_reads(path, field.nbytes)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.top)
+        if args.threads:
+            threaded_chunks(path, args.threads)
         if args.dask:
             lazy = xr.open_dataset(path, engine="kvikio", chunks={})["field"].data
             lazy.compute()
@@ -120,6 +128,98 @@ def main() -> None:
             stats.sort_stats("cumulative").print_stats(args.top)
             if args.raw:
                 dask_raw_reads(path, field.nbytes)
+
+
+def threaded_chunks(path: str, threads: int, per_thread: int = 64) -> None:
+    """Whole stored chunks at random, ``per_thread`` per thread, in one thread and in
+    ``threads`` plain threads (no dask): per chunk, the wall time, GB/s, and the threads'
+    seconds in the engine's steps."""
+    import collections
+    import threading
+
+    import cupy
+    import cupyx
+    import numpy as np
+    import xarray as xr
+
+    from cupy_xarray.backend import KvikioBackendArray
+    from cupy_xarray.cf import find_backend_array
+    from cupy_xarray.device import resolve_device
+    from cupy_xarray.engine import host, read_arrays, reader
+
+    ds = xr.open_dataset(path, engine="kvikio")
+    spec = find_backend_array(ds["field"].variable._data, KvikioBackendArray).spec
+    grid = [range(-(-n // c)) for n, c in zip(spec.shape, spec.chunks)]
+    whole = [
+        tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(idx, spec.chunks, spec.shape))
+        for idx in np.ndindex(*[len(g) for g in grid])
+    ]
+    files, codec, chunk_bytes = chunk_files(path)
+    dev = resolve_device("gpu")
+    spent: dict[str, float] = collections.defaultdict(float)
+    lock = threading.Lock()
+    local = threading.local()
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                with lock:
+                    spent[name] += time.perf_counter() - t0
+
+        return wrapper
+
+    def bare(i: int):
+        if getattr(local, "pinned", None) is None:
+            local.pinned = cupyx.empty_pinned((chunk_bytes,), dtype=np.uint8)
+            local.stream = cupy.cuda.Stream()
+        fd = os.open(files[i % len(files)], os.O_RDONLY)
+        try:
+            os.preadv(fd, [local.pinned], 0)
+        finally:
+            os.close(fd)
+        block = cupy.empty(chunk_bytes, dtype=cupy.uint8)
+        block.data.copy_from_host_async(local.pinned.ctypes.data, chunk_bytes, local.stream)
+        local.stream.synchronize()
+        return block
+
+    ways = {} if codec is not None else {"bare pread + copy": bare}  # the bare read decodes nothing
+    ways["read_arrays"] = lambda i: read_arrays([(spec, whole[i % len(whole)])], dev)[0]
+    ways["xarray indexing"] = lambda i: ds["field"][whole[i % len(whole)]].data
+    steps = [(reader, "_locate"), (reader, "_execute"), (host, "_direct_job"), (host, "_pread_into")]
+    saved = [(m, name, getattr(m, name)) for m, name in steps]
+    for m, name, fn in saved:
+        setattr(m, name, timed(name, fn))
+    profiling, os.environ["CUPY_XARRAY_PROFILE"] = os.environ.get("CUPY_XARRAY_PROFILE"), "0"  # free-running
+    try:
+        for label, fn in ways.items():
+            for n in (1, threads):
+
+                def work(k: int, n=n, fn=fn) -> None:
+                    for i in np.random.default_rng(k).integers(len(whole), size=per_thread):
+                        fn(int(i))
+
+                work(99)  # warm
+                spent.clear()
+                pool = [threading.Thread(target=work, args=(k,)) for k in range(n)]
+                t0 = time.perf_counter()
+                for t in pool:
+                    t.start()
+                for t in pool:
+                    t.join()
+                cupy.cuda.Device().synchronize()
+                dt = time.perf_counter() - t0
+                count = n * per_thread
+                steps_us = {k: round(v / count * 1e6) for k, v in spent.items()}
+                rate = count * chunk_bytes / dt / 1e9
+                print(f"{label}, {n} thread(s): {dt / count * 1e6:.0f} us per chunk, {rate:.2f} GB/s; "
+                      f"thread-us per chunk {steps_us}")  # fmt: skip
+    finally:
+        for m, name, fn in saved:
+            setattr(m, name, fn)
+        os.environ["CUPY_XARRAY_PROFILE"] = profiling or "0"
 
 
 def raw_reads(path: str, nbytes: int, threads: int = 16) -> None:
