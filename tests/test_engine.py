@@ -478,3 +478,31 @@ def test_big_endian_datetimes_come_out_in_native_order(tmp_path, device, selecti
     (got,) = read_arrays([(array_spec(arr), selection)], resolve_device(device))
     assert got.dtype == np.dtype("<M8[s]")  # NumPy on either device: cupy has no datetimes
     np.testing.assert_array_equal(got, arr[...][selection[0]])
+
+
+@pytest.mark.gpu
+def test_a_one_chunk_gpu_read_needs_no_pinned_twin(tmp_path, monkeypatch):
+    """A GPU read of one piece whose bytes are one run of the output (a dask task of one
+    stored chunk) is read into the thread's own pinned buffer and copied once: no pinned twin
+    of the output is allocated per read. A read of several pieces is still assembled in one."""
+    from cupy_xarray.engine.decoders import batch
+
+    data = (np.arange(8 * 64 * 64, dtype="float32") % 1013).reshape(8, 64, 64)
+    a = zarr.create_array(tmp_path / "a.zarr", data=data, chunks=(2, 64, 64), compressors=None)
+    spec, dev = array_spec(a, name="v"), resolve_device("gpu")
+    read_arrays([(spec, (slice(0, 2),))], dev)  # the thread's own buffers, made once
+    made = []
+    allocate = batch.pinned_buffer
+
+    def counted(nbytes):
+        made.append(nbytes)
+        return allocate(nbytes)
+
+    monkeypatch.setattr(batch, "pinned_buffer", counted)
+    for k in range(4):
+        (got,) = read_arrays([(spec, (slice(2 * k, 2 * k + 2),))], dev)
+        np.testing.assert_array_equal(host(got), data[2 * k : 2 * k + 2])
+    assert made == [], made
+    (got,) = read_arrays([(spec, (slice(1, 5), slice(3, 40)))], dev)  # pieces of three chunks
+    np.testing.assert_array_equal(host(got), data[1:5, 3:40])
+    assert len(made) == 1, made

@@ -578,7 +578,7 @@ def _host_twins(normalized, outs, filled, on_host, batches, device) -> list | No
     """Pinned host twins of a small GPU read's outputs (:data:`HOST_ASSEMBLY_BYTES`), where
     the host route's jobs assemble it; None for other reads. The tasks' straight-into-the-
     output targets are planned again, on the twins."""
-    if device.name != "gpu" or batches or not on_host:
+    if device.name != "gpu" or batches or not on_host or not _assembles(on_host):
         return None
     used = {t.out for t in on_host}
     if sum(outs[i].nbytes for i in used) > HOST_ASSEMBLY_BYTES:
@@ -596,6 +596,13 @@ def _host_twins(normalized, outs, filled, on_host, batches, device) -> list | No
         t.target = None
         _plan_target(t, _bytes_of(twins[t.out]))
     return twins
+
+
+def _assembles(on_host: list[_Task]) -> bool:
+    """Whether assembling a small GPU read in a pinned twin saves copies: not for one piece
+    read straight into the output, which its job reads into the thread's own pinned buffer
+    and copies once (no twin to allocate and copy from)."""
+    return len(on_host) > 1 or on_host[0].direct is None
 
 
 def _host_device(device: Device) -> Device:
