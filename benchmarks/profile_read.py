@@ -158,9 +158,8 @@ def main() -> None:
 def _concurrent(spec, parts: int, nbytes: int, label: str) -> None:
     """Parts of a store read one after another, then each in its own thread (as dask's threads
     do on one GPU): does the device overlap the reads?"""
-    import threading
-
     import cupy
+    from read_throughput import in_threads
 
     from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import read_arrays
@@ -181,11 +180,7 @@ def _concurrent(spec, parts: int, nbytes: int, label: str) -> None:
             for sel in sels:
                 one(sel, outs)
         else:
-            threads = [threading.Thread(target=one, args=(sel, outs)) for sel in sels]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            in_threads(lambda k, outs=outs: one(sels[k], outs), len(sels))
         cupy.cuda.Device().synchronize()
         dt = time.perf_counter() - t0
         assert len(outs) == parts

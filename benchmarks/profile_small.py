@@ -141,6 +141,7 @@ def threaded_chunks(path: str, threads: int, per_thread: int = 64) -> None:
     import cupyx
     import numpy as np
     import xarray as xr
+    from read_throughput import in_threads
 
     from cupy_xarray.backend import KvikioBackendArray
     from cupy_xarray.cf import find_backend_array
@@ -203,12 +204,8 @@ def threaded_chunks(path: str, threads: int, per_thread: int = 64) -> None:
 
                 work(99)  # warm
                 spent.clear()
-                pool = [threading.Thread(target=work, args=(k,)) for k in range(n)]
                 t0 = time.perf_counter()
-                for t in pool:
-                    t.start()
-                for t in pool:
-                    t.join()
+                in_threads(work, n)
                 cupy.cuda.Device().synchronize()
                 dt = time.perf_counter() - t0
                 count = n * per_thread
@@ -340,6 +337,7 @@ def _decode_files(files: list[str], codec: Any, chunk_bytes: int, threads: int) 
     import threading
 
     import numpy as np
+    from read_throughput import in_threads
 
     pending = list(files)
     lock = threading.Lock()
@@ -358,11 +356,7 @@ def _decode_files(files: list[str], codec: Any, chunk_bytes: int, threads: int) 
                 os.close(fd)
             codec.decode(data, out=out)
 
-    workers = [threading.Thread(target=work) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    in_threads(lambda _k: work(), threads)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,12 @@ import argparse
 import contextlib
 import json
 import statistics
-import threading
 import time
 import traceback
 from pathlib import Path
 
 import numpy as np
-from read_throughput import PeakGPUMemory, run_meta, smooth_field
+from read_throughput import PeakGPUMemory, in_threads, run_meta, smooth_field
 
 SIDE = 2048
 
@@ -184,13 +183,7 @@ def threads_small(path: Path, threads: int, readers: int, per_reader: int) -> fl
         sync()
 
     work(99)  # warm
-    pool = [threading.Thread(target=work, args=(k,)) for k in range(readers)]
-    t0 = time.perf_counter()
-    for p in pool:
-        p.start()
-    for p in pool:
-        p.join()
-    return readers * per_reader / (time.perf_counter() - t0)
+    return readers * per_reader / in_threads(work, readers)
 
 
 def measure(name: str, path: Path, args) -> dict:

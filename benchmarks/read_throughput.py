@@ -121,6 +121,18 @@ class PeakGPUMemory:
         return self.peak - self.base
 
 
+def in_threads(work, count: int) -> float:
+    """Run ``work(k)`` for k in ``range(count)``, each in its own thread, all at once; the
+    seconds until the last one is done."""
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(count)]
+    t0 = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def timed(fn, repeat: int):
     """Best time of ``repeat`` runs after a warm-up, and the peak GPU memory of one more run.
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ def main() -> None:
     import numpy as np
     import xarray as xr
     import zarr
-    from read_throughput import smooth_field
+    from read_throughput import in_threads, smooth_field
 
     import cupy_xarray  # noqa: F401
 
@@ -59,13 +58,7 @@ def main() -> None:
         t0 = time.perf_counter()
         run(picks)
         one = len(picks) / (time.perf_counter() - t0)
-        threads = [threading.Thread(target=run, args=(picks,)) for _ in range(16)]
-        t0 = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        many = 16 * len(picks) / (time.perf_counter() - t0)
+        many = 16 * len(picks) / in_threads(lambda _k, picks=picks: run(picks), 16)
         lat = []
         for i in range(30):
             t0 = time.perf_counter()

@@ -74,6 +74,14 @@ def copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, device: Any) 
         out.reshape(-1).view(np.uint8)[dst : dst + n] = src[src_off : src_off + n]
 
 
+def c_strides(shape: tuple[int, ...], size: int) -> list[int]:
+    """Byte strides of a C-contiguous array of ``shape`` with ``size``-byte elements."""
+    strides = [size] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    return strides
+
+
 #: a piece is placed with 2-D copies only when it takes at most this many, each row at least
 #: ``BOX_MIN_ROW`` bytes (narrower rows copy slowly; the scatter kernel is then faster)
 BOX_MAX_COPIES = 16
@@ -97,12 +105,8 @@ def box_copies(
     if recipe.transpose is not None or recipe.needs_swap or (recipe.order == "F" and len(recipe.shape) > 1):
         return None
     size = recipe.dtype.itemsize
-    cstride = [size] * len(recipe.shape)
-    for k in range(len(recipe.shape) - 2, -1, -1):
-        cstride[k] = cstride[k + 1] * recipe.shape[k + 1]
-    ostride = [size] * len(out_shape)
-    for k in range(len(out_shape) - 2, -1, -1):
-        ostride[k] = ostride[k + 1] * out_shape[k + 1]
+    cstride = c_strides(recipe.shape, size)
+    ostride = c_strides(out_shape, size)
     src = dst = 0
     dims = []  # (extent, src stride, dst stride) of the box's dimensions, outermost first
     j = 0
@@ -165,14 +169,11 @@ def chunk_box(recipe: ChunkRecipe, piece: Any, out_shape: tuple[int, ...]) -> tu
         return None
     if any(type(o) is not slice or o.step not in (None, 1) for o in piece.out_sel):
         return None
-    geometry = _box_geometry(tuple(kept), recipe.dtype.itemsize, tuple(out_shape))
+    size = recipe.dtype.itemsize
+    geometry = _box_geometry(tuple(kept), size, tuple(out_shape))
     if geometry is None:
         return None
-    size = recipe.dtype.itemsize
-    stride, start = size, 0
-    for o, n in zip(reversed(piece.out_sel), reversed(out_shape)):
-        start += o.start * stride
-        stride *= n
+    start = sum(o.start * st for o, st in zip(piece.out_sel, c_strides(out_shape, size)))
     return (start, *geometry)
 
 
@@ -181,9 +182,7 @@ def _box_geometry(extents: tuple[int, ...], size: int, out_shape: tuple[int, ...
     """(width, rows, row_pitch, planes, plane_pitch) of a whole chunk of ``extents`` (its
     axes the output keeps) in an output of ``out_shape``: dimensions folded into the one
     inside them where both chunk and output are contiguous across them."""
-    ostride = [size] * len(out_shape)
-    for k in range(len(out_shape) - 2, -1, -1):
-        ostride[k] = ostride[k + 1] * out_shape[k + 1]
+    ostride = c_strides(out_shape, size)
     levels: list[list[int]] = []  # innermost first: [extent, output stride]
     for n, o in zip(reversed(extents), reversed(ostride)):
         if n == 1:
@@ -233,10 +232,7 @@ class Boxes:
 
     def __init__(self, out: Any) -> None:
         self.out = out
-        size = out.dtype.itemsize
-        self._ostride = [size] * out.ndim
-        for k in range(out.ndim - 2, -1, -1):
-            self._ostride[k] = self._ostride[k + 1] * out.shape[k + 1]
+        self._ostride = c_strides(out.shape, out.dtype.itemsize)
         self._sources: list[Any] = []
         # per queued piece: its geometry's key and how far its box is from the geometry's own
         self._queued: list[tuple[tuple, int]] = []

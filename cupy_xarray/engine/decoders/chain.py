@@ -56,17 +56,21 @@ def writes_into_output(codecs: tuple[str, ...]) -> bool:
     return bool(codecs) and codecs[-1] != "crc32c"
 
 
+def _ends_in_blosc(codecs: tuple[str, ...]) -> bool:
+    return bool(codecs) and codecs[-1].startswith("blosc-")
+
+
 def decodes_through_scratch(codecs: tuple[str, ...]) -> bool:
     """Whether decoding into the output still holds the chunk's decoded size beside it (Blosc
     decodes its streams into scratch and unshuffles from there)."""
-    return bool(codecs) and codecs[-1].startswith("blosc-")
+    return _ends_in_blosc(codecs)
 
 
 def decodes_into_boxes(codecs: tuple[str, ...]) -> bool:
     """Whether the chain's last decoder can write a whole chunk into its box of the output
     when the chunk is not one run there (Blosc's unshuffle, on the GPU: no scratch, no
     scatter; :class:`.base.Box`)."""
-    return bool(codecs) and codecs[-1].startswith("blosc-")
+    return _ends_in_blosc(codecs)
 
 
 def _steps(codecs: tuple[str, ...], nbytes: int):
