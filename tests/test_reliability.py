@@ -93,6 +93,7 @@ def _directory(path):
 
 
 ZSTD = zarr.codecs.ZstdCodec(level=1)
+BLOSC_LZ4 = zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle")
 BROKEN = {
     "truncated-zstd": (ZSTD, None, _truncate),
     "truncated-raw": (None, None, _truncate),
@@ -373,6 +374,41 @@ def test_staging_alive_at_once_is_two_batches_worth(tmp_path, device, compressor
     assert most[0] <= depth, f"{most[0]} batches' staging alive at once"
     chunk = 32 * 32 * 4  # a batch may pass its share by up to one chunk
     assert most[1] <= 2 * batch + depth * chunk, f"{most[1]} bytes of staging alive at once"
+
+
+@pytest.mark.parametrize("compressors", [ZSTD, BLOSC_LZ4], ids=["zstd", "blosc"])
+def test_a_reads_staging_buffers_are_one_size(tmp_path, monkeypatch, device, compressors):
+    """Every batch of a read gets a staging buffer of one size, the largest batch's, though
+    its chunks compress to different sizes: a buffer a little larger than the one freed
+    before it would be carved out of the block a decode's output was freed from, which then
+    no longer fits the next output, and the memory pool would grow by it."""
+    from cupy_xarray.device import cpu_device, gpu_device
+    from cupy_xarray.engine import array_spec, read_arrays, reader
+    from cupy_xarray.engine.schedule import Scheduler
+
+    dev = gpu_device(2) if device == "gpu" else cpu_device(2)
+    rng = np.random.default_rng(3)
+    data = np.zeros((16, 64, 64), dtype="float32")
+    for i in range(16):  # each plane compresses to its own size: a different share is noise
+        n = int(rng.integers(1, 4000))
+        data[i].flat[rng.choice(64 * 64, n, replace=False)] = rng.random(n)
+    a = zarr.create_array(tmp_path / "s.zarr", data=data, chunks=(1, 32, 32), compressors=compressors)
+    seen: list[tuple[int, int]] = []  # per batch: its stored bytes, its staging buffer's size
+    submit = reader._submit
+
+    def tracked(session, batch, outs, device, size=0):
+        waiter = submit(session, batch, outs, device, size)
+        seen.append((sum(t.nbytes for t in batch), len(batch[0].staging)))
+        return waiter
+
+    monkeypatch.setattr(reader, "_submit", tracked)
+    request = (array_spec(a, name="v"), (slice(None),) * 3)
+    (got,) = read_arrays([request], dev, batch_bytes=12 * 1024, scheduler=Scheduler(force="batch"))
+    np.testing.assert_array_equal(host(got), data)
+    stored = [n for n, _ in seen]
+    assert len(seen) >= 6 and len(set(stored)) > 1, stored  # batches of different sizes
+    assert len({size for _, size in seen}) == 1, seen
+    assert seen[0][1] < max(stored) + 256 * 6, seen  # the largest batch's, with its slots' alignment
 
 
 def test_host_route_groups_small_chunks_into_jobs_and_reports_the_first_error(tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 Index = int | slice | np.ndarray
 
 
-@dataclass
+@dataclass(slots=True)
 class ChunkPiece:
     """One chunk's contribution to the output.
 
@@ -134,11 +134,14 @@ def plan_chunks(
     if any(n == 0 for n in shape):
         return []
     per_dim = [list(_dim_pieces(sel, c)) for sel, c in zip(selection, chunks)]
+    if not per_dim:  # a 0-d array: one chunk
+        return [ChunkPiece((), (), ())]
+    dropped = any(isinstance(sel, int) for sel in selection)  # an int drops its output dimension
     pieces = []
     for combo in itertools.product(*per_dim):
-        coords = tuple(p[0] for p in combo)
-        chunk_sel = tuple(p[1] for p in combo)
-        out_sel = tuple(p[2] for p in combo if p[2] is not None)
+        coords, chunk_sel, out_sel = zip(*combo)
+        if dropped:
+            out_sel = tuple([o for o in out_sel if o is not None])
         pieces.append(ChunkPiece(coords, chunk_sel, out_sel))
     return pieces
 

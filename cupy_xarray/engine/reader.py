@@ -465,9 +465,9 @@ def _batches(tasks: list[_Task], batch_bytes: int) -> list[list[_Task]]:
     return batches
 
 
-def _submit(session, batch: list[_Task], outs: list, device: Device):
-    """Allocate the batch's staging buffer and start its reads; what to wait on for them
-    (the tasks hold the staging)."""
+def _slots(batch: list[_Task]) -> tuple[list[_Task], list[int], int]:
+    """The batch's staged tasks, where each one's bytes start in its staging buffer, and
+    the buffer's size."""
     staged = [t for t in batch if t.direct is None]
     offsets, total = [], 0
     for t in staged:
@@ -476,7 +476,22 @@ def _submit(session, batch: list[_Task], outs: list, device: Device):
         start = total + (_ALIGN - lead) % _ALIGN
         offsets.append(start)
         total = -(-(start + t.nbytes) // _ALIGN) * _ALIGN
-    staging = device.empty((total,), np.uint8) if staged else None  # none for direct reads alone
+    return staged, offsets, total
+
+
+def _staging_bytes(batches: list[list[_Task]]) -> int:
+    """The size every staging buffer of a read is given: its largest batch's. Buffers of one
+    size are reused whole by the memory pool; a slightly larger one would be carved out of
+    the block a decode's output was just freed from, which then no longer fits that output
+    and is allocated anew (a Blosc read grew by one batch's decoded bytes so)."""
+    return max((_slots(b)[2] for b in batches), default=0)
+
+
+def _submit(session, batch: list[_Task], outs: list, device: Device, size: int = 0):
+    """Allocate the batch's staging buffer (at least ``size`` bytes: :func:`_staging_bytes`)
+    and start its reads; what to wait on for them (the tasks hold the staging)."""
+    staged, offsets, total = _slots(batch)
+    staging = device.empty((max(total, size),), np.uint8) if staged else None  # none for direct reads alone
     for t in staged:
         t.staging = staging
     ops = []
@@ -997,6 +1012,7 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
     batched, on_host, decisions = _routes(tasks, device, decode, scheduler, limit)
     depth = _depth(batched, clock.crowded)
     batches = _batches(batched, limit * 2 // depth) if batched else []
+    size = _staging_bytes(batches)
     pending: list = []
     jobs = None
     try:
@@ -1010,11 +1026,11 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                 else:
                     jobs = host.start(on_host, outs, device, inline=alone)
                 for first in batches[: depth - 1]:
-                    pending.append(_submit(session, first, outs, device))
+                    pending.append(_submit(session, first, outs, device, size))
                 ahead: dict = {}  # the next batch's checks, started while this one decodes
                 for b, batch in enumerate(batches):
                     if b + depth - 1 < len(batches):
-                        pending.append(_submit(session, batches[b + depth - 1], outs, device))
+                        pending.append(_submit(session, batches[b + depth - 1], outs, device, size))
                     clock.lap("submit")
                     waiter = pending.pop(0)
                     waiter.wait()
