@@ -396,8 +396,8 @@ def test_a_reads_staging_buffers_are_one_size(tmp_path, monkeypatch, device, com
     seen: list[tuple[int, int]] = []  # per batch: its stored bytes, its staging buffer's size
     submit = reader._submit
 
-    def tracked(session, batch, outs, device, size=0):
-        waiter = submit(session, batch, outs, device, size)
+    def tracked(session, batch, outs, device, *args):
+        waiter = submit(session, batch, outs, device, *args)
         seen.append((sum(t.nbytes for t in batch), len(batch[0].staging)))
         return waiter
 

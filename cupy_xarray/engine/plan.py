@@ -153,19 +153,23 @@ def contiguous_span(shape: tuple[int, ...], sel: tuple[Index, ...]) -> tuple[int
     """
     first, count, partial = 0, 1, False
     for s, n in zip(sel, shape):
-        if type(s) is int:
-            start, m = s, 1
-        elif type(s) is slice and s.step in (None, 1):
+        kind = type(s)
+        if kind is slice:
+            if s.step is not None and s.step != 1:
+                return None
             start, stop = s.start, s.stop
             if start is None or stop is None or start < 0 or stop > n:
                 start, stop, _ = s.indices(n)
-            m = max(stop - start, 0)
+            m = stop - start if stop > start else 0
+        elif kind is int:
+            start, m = s, 1
         else:
             return None
         # contiguous iff, after the first dimension with more than one element, every one is full
-        if partial and m != n:
-            return None
-        if m > 1 or (partial and m == n):
+        if partial:
+            if m != n:
+                return None
+        elif m > 1:
             partial = True
         first = first * n + start
         count *= m

@@ -166,9 +166,10 @@ def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int, device: Any = N
     tasks: list[_Task] = []
     missing = 0
     if spec.shard is None:
+        root = os.path.join(spec.directory, "")
         for p in pieces:
             key = spec.chunk_key(p.coords)
-            path = os.path.join(spec.directory, key)
+            path = root + key
             try:
                 st = spec.stat_file(path, key)
             except FileNotFoundError:
@@ -324,6 +325,64 @@ def _fetch_wave(wave: list, indexes: dict, device: Any = None) -> list:
     return [(i, spec, *_fetch(spec, pieces, i, indexes, device)) for i, spec, pieces in wave]
 
 
+#: a GPU read of at least this many bytes of an uncompressed, unsharded local array is located
+#: and planned one batch at a time, in the loop that submits the batches, so that its first
+#: reads start once one batch is planned (planning all 256 tiles of a 1 GiB read before the
+#: first one took 1.7-3.2 ms on an H200, 7-13 % of the time kvikio takes to read them)
+STREAM_BYTES = 256 * 2**20
+
+
+def _streams(spec: ArraySpec, pieces: list[ChunkPiece], device: Any, scheduler: Scheduler) -> bool:
+    """Whether a request's pieces are planned batch by batch (:data:`STREAM_BYTES`): where
+    every piece of it goes with the batches, whatever its chunks hold (a GPU read, or a
+    scheduler that sends every chunk there)."""
+    batched = getattr(device, "name", None) == "gpu" or scheduler.force == "batch"
+    return (
+        batched
+        and spec.source is None
+        and spec.shard is None
+        and not spec.recipe.bytes_codecs
+        and scheduler.force != "host"
+        and len(pieces) * spec.recipe.nbytes >= STREAM_BYTES
+    )
+
+
+@dataclass
+class _Segment:
+    """Pieces of one request that become a batch when it is submitted (:func:`_streams`)."""
+
+    out: int
+    spec: ArraySpec
+    pieces: list[ChunkPiece]
+
+    def staging_bound(self) -> int:
+        """Staging bytes the batch can take: every piece staged, slots aligned."""
+        return len(self.pieces) * -(-self.spec.recipe.nbytes // _ALIGN) * _ALIGN
+
+    def locate(self, outs: list, device: Device) -> list[_Task]:
+        """Locate and plan the pieces; the regions of missing chunks get the fill value."""
+        tasks, missing = _locate(self.spec, self.pieces, self.out, device)
+        if missing:
+            found = {id(t.piece) for t in tasks}
+            for p in self.pieces:
+                if id(p) not in found:
+                    scatter(device.xp, outs[self.out], p.out_sel, self.spec.fill_value)
+        _prepare(tasks, outs[self.out])
+        return tasks
+
+
+def _segments(streamed: list[tuple[int, ArraySpec, list[ChunkPiece]]], batch_bytes: int) -> list[_Segment]:
+    """Split streamed requests into segments of about ``batch_bytes`` (at most
+    :func:`_max_ops` pieces), as :func:`_batches` splits located tasks."""
+    segments = []
+    for i, spec, pieces in streamed:
+        n = len(pieces)
+        count = max(1, -(-n * spec.recipe.nbytes // max(batch_bytes, 1)), -(-n // _max_ops()))
+        step = -(-n // count)
+        segments.extend(_Segment(i, spec, pieces[k : k + step]) for k in range(0, n, step))
+    return segments
+
+
 def _known_indexes(spec: ArraySpec, shards: list[tuple[int, ...]], cache: dict) -> dict:
     """The index of each shard (None: no such shard): from ``cache`` where it is kept, the
     others fetched at once and kept there."""
@@ -417,13 +476,24 @@ def _check_size(task: _Task) -> None:
 
 
 def _prepare(tasks: list[_Task], out: Any) -> None:
-    """Check the located tasks' sizes and plan where their bytes go in ``out``."""
+    """Check the located tasks' sizes and plan where their bytes go in ``out`` (the boxes
+    of tiles are planned once the tasks have their routes: :func:`_plan_boxes`)."""
     out_bytes = _bytes_of(out)
     for t in tasks:
         _check_size(t)
         _plan_direct(t, out.shape)
         _plan_target(t, out_bytes)
-        _plan_box(t, out, out_bytes)
+
+
+def _plan_boxes(batched: list[_Task], outs: list) -> None:
+    """:func:`_plan_box` for the tasks read with the batches (the host route's own jobs
+    place their chunks themselves)."""
+    flat: dict[int, Any] = {}
+    for t in batched:
+        if t.direct is None and t.spec.recipe.bytes_codecs:
+            if t.out not in flat:
+                flat[t.out] = _bytes_of(outs[t.out])
+            _plan_box(t, outs[t.out], flat[t.out])
 
 
 def _progress_bytes(tasks: list[_Task]) -> int:
@@ -467,7 +537,7 @@ def _batches(tasks: list[_Task], batch_bytes: int) -> list[list[_Task]]:
 
 def _slots(batch: list[_Task]) -> tuple[list[_Task], list[int], int]:
     """The batch's staged tasks, where each one's bytes start in its staging buffer, and
-    the buffer's size."""
+    the bytes they take."""
     staged = [t for t in batch if t.direct is None]
     offsets, total = [], 0
     for t in staged:
@@ -479,18 +549,20 @@ def _slots(batch: list[_Task]) -> tuple[list[_Task], list[int], int]:
     return staged, offsets, total
 
 
-def _staging_bytes(batches: list[list[_Task]]) -> int:
-    """The size every staging buffer of a read is given: its largest batch's. Buffers of one
-    size are reused whole by the memory pool; a slightly larger one would be carved out of
-    the block a decode's output was just freed from, which then no longer fits that output
-    and is allocated anew (a Blosc read grew by one batch's decoded bytes so)."""
-    return max((_slots(b)[2] for b in batches), default=0)
+def _staging_bytes(slots: list[tuple[list[_Task], list[int], int]]) -> int:
+    """The size every staging buffer of a read is given: its largest batch's (``slots``:
+    :func:`_slots` of each batch). Buffers of one size are reused whole by the memory pool;
+    a slightly larger one would be carved out of the block a decode's output was just freed
+    from, which then no longer fits that output and is allocated anew (a Blosc read grew by
+    one batch's decoded bytes so)."""
+    return max((total for _, _, total in slots), default=0)
 
 
-def _submit(session, batch: list[_Task], outs: list, device: Device, size: int = 0):
+def _submit(session, batch: list[_Task], outs: list, device: Device, size: int = 0, slots=None):
     """Allocate the batch's staging buffer (at least ``size`` bytes: :func:`_staging_bytes`)
-    and start its reads; what to wait on for them (the tasks hold the staging)."""
-    staged, offsets, total = _slots(batch)
+    and start its reads; what to wait on for them (the tasks hold the staging). ``slots``:
+    :func:`_slots` of the batch, where already computed."""
+    staged, offsets, total = slots if slots is not None else _slots(batch)
     staging = device.empty((max(total, size),), np.uint8) if staged else None  # none for direct reads alone
     for t in staged:
         t.staging = staging
@@ -557,7 +629,12 @@ def _start_ahead(batch: list[_Task], device: Device, decode: str) -> bool:
     return started
 
 
-def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decode: str) -> None:
+def _finish(
+    batch: list[_Task], outs: list, device: Device, clock: _Clock, decode: str, geometry: dict | None = None
+) -> None:
+    """Decode a batch whose reads have landed and place its chunks; ``geometry``: per output,
+    the box copies its pieces take, kept across the read's batches (:class:`.scatter.Boxes`)."""
+    geometry = {} if geometry is None else geometry
     groups = _groups(batch)
     xp = device.xp
     for key, group in groups.items():
@@ -579,7 +656,7 @@ def _finish(batch: list[_Task], outs: list, device: Device, clock: _Clock, decod
                 continue
             placer = boxes.get(t.out)
             if placer is None:
-                placer = boxes[t.out] = Boxes(outs[t.out])
+                placer = boxes[t.out] = Boxes(outs[t.out], geometry.setdefault(t.out, {}))
             if not placer.add(t.data, recipe, t.piece):
                 place_chunk(xp, outs[t.out], t.data, recipe, t.piece)
         for placer in boxes.values():
@@ -912,6 +989,7 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
     tasks: list[_Task] = []
     filled: set[int] = set()  # outputs with missing chunks: filled with the fill value first
     remote: list[tuple[int, ArraySpec, list[ChunkPiece]]] = []  # fetched in waves
+    streamed: list[tuple[int, ArraySpec, list[ChunkPiece]]] = []  # planned batch by batch
     wave_bytes = _wave_bytes(device, decode, batch_bytes)
     for i, (spec, nsel) in enumerate(normalized):
         if log.isEnabledFor(logging.DEBUG):
@@ -926,6 +1004,10 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
             remote.append((i, spec, pieces))
             outs[i] = device.empty(oshape, spec.dtype)
             continue
+        if _streams(spec, pieces, device, scheduler):
+            streamed.append((i, spec, pieces))
+            outs[i] = device.empty(oshape, spec.dtype)
+            continue
         found, missing = _locate(spec, pieces, i, device)
         if missing:
             filled.add(i)
@@ -935,7 +1017,7 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
         _prepare(found, outs[i])
         tasks.extend(found)
     clock.lap("plan")
-    if not tasks and not remote:
+    if not tasks and not remote and not streamed:
         return outs
     bar = None
     if progress:
@@ -947,8 +1029,8 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
         device=device, batch_bytes=batch_bytes, decode=decode, scheduler=scheduler, clock=clock, bar=bar
     )
     try:
-        if tasks:
-            _execute(tasks, outs, normalized, filled, **run)
+        if tasks or streamed:
+            _execute(tasks, outs, normalized, filled, streamed=streamed, **run)
         if remote:
             _execute_waves(remote, outs, normalized, wave_bytes=wave_bytes, **run)
     finally:
@@ -1005,14 +1087,35 @@ def _execute_waves(remote, outs, normalized, *, wave_bytes, device, clock, bar, 
         fetcher.shutdown(wait=False, cancel_futures=True)
 
 
-def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, scheduler, clock, bar) -> None:
+def _execute(
+    tasks, outs, normalized, filled, *, device, batch_bytes, decode, scheduler, clock, bar, streamed=()
+) -> None:
     """Read, decode and place located tasks into their outputs. ``filled``: the outputs with
-    missing chunks (None: small reads are not assembled on the host)."""
+    missing chunks (None: small reads are not assembled on the host); ``streamed``: requests
+    located and planned a batch at a time, as their batches are submitted (:func:`_streams`)."""
     limit = _staging_limit(outs, batch_bytes, decode)
     batched, on_host, decisions = _routes(tasks, device, decode, scheduler, limit)
+    _plan_boxes(batched, outs)
     depth = _depth(batched, clock.crowded)
-    batches = _batches(batched, limit * 2 // depth) if batched else []
-    size = _staging_bytes(batches)
+    batches: list = _batches(batched, limit * 2 // depth) if batched else []
+    slots: list = [_slots(b) for b in batches]
+    size = _staging_bytes(slots)
+    if streamed:
+        segments = _segments(streamed, limit * 2 // depth)
+        size = max([size] + [seg.staging_bound() for seg in segments])
+        batches += segments
+        slots += [None] * len(segments)
+
+    def submit(k: int):
+        if isinstance(batches[k], _Segment):
+            located = batches[k].locate(outs, device)
+            tasks.extend(located)  # released with the others
+            if bar is not None:
+                bar.total += _progress_bytes(located)
+                bar.refresh()
+            batches[k] = located
+        return _submit(session, batches[k], outs, device, size, slots[k])
+
     pending: list = []
     jobs = None
     try:
@@ -1025,12 +1128,13 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     jobs = host.start(on_host, twins, _host_device(device), inline=alone)
                 else:
                     jobs = host.start(on_host, outs, device, inline=alone)
-                for first in batches[: depth - 1]:
-                    pending.append(_submit(session, first, outs, device, size))
+                for k in range(min(depth - 1, len(batches))):
+                    pending.append(submit(k))
                 ahead: dict = {}  # the next batch's checks, started while this one decodes
+                geometry: dict = {}  # per output: its pieces' box copies (Boxes)
                 for b, batch in enumerate(batches):
                     if b + depth - 1 < len(batches):
-                        pending.append(_submit(session, batches[b + depth - 1], outs, device, size))
+                        pending.append(submit(b + depth - 1))
                     clock.lap("submit")
                     waiter = pending.pop(0)
                     waiter.wait()
@@ -1041,13 +1145,13 @@ def _execute(tasks, outs, normalized, filled, *, device, batch_bytes, decode, sc
                     if nxt is not None and _prepares(nxt, device, decode):
                         work = _ahead(nxt, pending[0], device, decode, ahead, clock)
                         with while_decoding(work):
-                            _finish(batch, outs, device, clock, decode)
+                            _finish(batch, outs, device, clock, decode, geometry)
                         if not ahead:  # no decode of this batch ran on the GPU: now, then
                             work()
                         if "error" in ahead:
                             raise ahead.pop("error")
                     else:
-                        _finish(batch, outs, device, clock, decode)
+                        _finish(batch, outs, device, clock, decode, geometry)
                     device.synchronize()  # staging memory is reused by the next batch's reads
                     # hold no reference to this batch's staging: the next batch's is allocated
                     # before this loop comes back, and only ``depth`` may be alive at once

@@ -68,16 +68,16 @@ class ChunkRecipe:
     transpose: tuple[int, ...] | None = None
     bytes_codecs: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property  # read per chunk: worked out once
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
-    @property
+    @functools.cached_property
     def needs_swap(self) -> bool:
         native = "<" if np.little_endian else ">"
         return self.byteorder not in ("|", "=", native) and self.dtype.itemsize > 1
 
-    @property
+    @functools.cached_property
     def is_raw(self) -> bool:
         """True when the stored bytes are the C-order array itself."""
         return (
