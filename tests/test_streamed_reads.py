@@ -31,7 +31,12 @@ def _arrays(tmp_path):
     rng = np.random.default_rng(7)
     data = rng.random((12, 40, 40), dtype="float32")
     tiles = zarr.create_array(
-        tmp_path / "t.zarr", shape=data.shape, chunks=(2, 16, 16), dtype="f4", compressors=None, fill_value=-1.5
+        tmp_path / "t.zarr",
+        shape=data.shape,
+        chunks=(2, 16, 16),
+        dtype="f4",
+        compressors=None,
+        fill_value=-1.5,
     )
     tiles[:] = data
     for key in ("c/0/1/2", "c/5/0/0"):
@@ -70,7 +75,9 @@ def test_a_streamed_read_equals_zarr(tmp_path, device, segments, which):
     requests = [(array_spec(tiles, name="t"), sel), (array_spec(slabs, name="s"), sel)]
     got = read_arrays(requests, _dev(device), batch_bytes=24 * 1024, scheduler=_scheduler(device))
     for (spec, _), arr, out in zip(requests, (tiles, slabs), got):
-        want = arr.get_orthogonal_selection(tuple(s.tolist() if isinstance(s, np.ndarray) else s for s in sel))
+        want = arr.get_orthogonal_selection(
+            tuple(s.tolist() if isinstance(s, np.ndarray) else s for s in sel)
+        )
         np.testing.assert_array_equal(host(out), want, err_msg=spec.name)
     assert len(segments) >= 4, segments  # planned in several segments, not at once
     assert (host(got[0]) == -1.5).any() or which == "an index array"  # missing chunks filled
