@@ -11,6 +11,7 @@ next requests for it get, one per request, in order:
 - ``"short"``: the headers promise the whole body, half of it is sent, the connection closed;
 - ``"ignore-range"``: 200 with the whole file, whatever ``Range`` said;
 - ``"stall"``: nothing is sent for ``stall_s`` seconds;
+- ``"stall-body"``: half the body, then nothing for ``stall_s`` seconds, then the rest;
 - ``"redirect"``: 302 to the same file at another URL (on the server ``redirect_to`` names);
 - ``"close-after"``: the answer, then the connection closed without ``Connection: close``.
 
@@ -114,6 +115,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
             sent = 0
             tls = hasattr(self.connection, "cipher")  # sendfile would bypass the encryption
+            if fault == "stall-body":  # half the body, then a pause as long as a stall
+                self.wfile.write(os.pread(f.fileno(), n // 2, start))
+                self.wfile.flush()
+                sent = n // 2
+                time.sleep(self.server.stall_s)
             while sent < n:  # sendfile: the server's own cost stays small beside the client's
                 if tls:
                     k = self.wfile.write(os.pread(f.fileno(), min(n - sent, 1 << 22), start + sent))

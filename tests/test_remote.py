@@ -612,3 +612,66 @@ def test_a_failure_in_a_later_wave_is_raised(http, monkeypatch, device):
     xr.testing.assert_identical(
         ds.zstd.compute().cupy.as_numpy(), xr.open_dataset(url, engine="zarr").zstd.load()
     )
+
+
+@pytest.fixture(scope="module")
+def large_bodies(tmp_path_factory):
+    """A server of chunk objects of 128-512 KiB."""
+    root = tmp_path_factory.mktemp("large")
+    data = np.cumsum(np.random.default_rng(3).normal(size=(8, 256, 256)), axis=2).astype("float32")
+    dims = ("t", "y", "x")
+    xr.Dataset({"raw": (dims, data), "zstd": (dims, data * 2)}).to_zarr(
+        root / "b.zarr",
+        zarr_format=3,
+        consolidated=True,
+        encoding={
+            "raw": {"chunks": (2, 128, 128), "compressors": None},
+            "zstd": {"chunks": (2, 256, 256), "compressors": [zarr.codecs.ZstdCodec(level=1)]},
+        },
+    )
+    with HTTPStores(root) as server:
+        server.url_of = f"{server.url}/b.zarr"
+        yield server
+
+
+def test_large_objects_placed_in_boxes_identical_to_zarr(large_bodies, device):
+    # uncompressed 128 KiB tiles: on a GPU, copied from where they landed into boxes of the
+    # output (rows of 512 bytes), runs of it, or through the scatter kernel
+    url = large_bodies.url_of
+    lazy = xr.open_dataset(url, engine="kvikio", device=device)
+    want = xr.open_dataset(url, engine="zarr")
+    for sel in [{}, dict(t=slice(1, 7), y=slice(100, 250)), dict(t=3, y=7), dict(x=slice(0, 200, 3))]:
+        got = lazy.isel(sel).load()
+        assert module_of(got.raw.data) == expected_type(device)
+        xr.testing.assert_identical(got.cupy.as_numpy(), want.isel(sel).load())
+
+
+@pytest.mark.parametrize("fault", ["short", "stall-body", "reset"])
+def test_large_bodies_cut_or_stalled_are_retried(large_bodies, monkeypatch, device, fault):
+    monkeypatch.setattr(remote, "TIMEOUT_S", 0.3)
+    large_bodies.stall_s = 1.0
+    url = large_bodies.url_of
+    want = xr.open_dataset(url, engine="zarr").load()
+    del large_bodies.requests[:]
+    large_bodies.faults["/raw/c/1/0/0"] = [fault]
+    large_bodies.faults["/zstd/c/2/0/0"] = [fault]
+    try:
+        got = xr.open_dataset(url, engine="kvikio", device=device).load()
+    finally:
+        large_bodies.faults.clear()
+    xr.testing.assert_identical(got.cupy.as_numpy(), want)
+    for key in ("/raw/c/1/0/0", "/zstd/c/2/0/0"):
+        assert sum(r[1].endswith(key) for r in large_bodies.requests) == 2, key
+
+
+def test_a_body_that_stalls_every_time_is_named(large_bodies, monkeypatch):
+    monkeypatch.setattr(remote, "TIMEOUT_S", 0.3)
+    monkeypatch.setattr(remote, "RETRIES", 1)
+    large_bodies.stall_s = 1.0
+    ds = xr.open_dataset(large_bodies.url_of, engine="kvikio", device="cpu")
+    large_bodies.faults["/raw/c/3/0/0"] = ["stall-body", "stall-body"]
+    try:
+        with pytest.raises(ChunkError, match=r"raw/c/3/0/0.*timed out 2 times.*TimeoutError"):
+            ds.raw.load()
+    finally:
+        large_bodies.faults.clear()

@@ -160,6 +160,53 @@ def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
     _job_gpu(task, stored, out, device, stats, (lo, hi))
 
 
+#: uncompressed chunks fetched to the host are copied to a GPU from the calling thread, every
+#: copy queued before one wait (handing each to the pool, which waits for each, cost more
+#: than the copies and kept the fetch threads from the interpreter lock)
+PLACE_FETCHED = True
+
+
+def _place_fetched(tasks: list[Any], outs: list[Any], device: Any, jobs: Jobs) -> None:
+    """Copy fetched uncompressed chunks into their GPU outputs: straight where a piece is a
+    run or a box of its output, else by way of a scratch chunk and the scatter kernel."""
+    cupy = device.xp
+    stream = _stream(cupy)
+    rt = cupy.cuda.runtime
+    h2d = rt.memcpyHostToDevice
+    t0 = time.perf_counter()
+    try:
+        for task in tasks:
+            out = outs[task.out]
+            at, size, dst = task.direct if task.direct is not None else (task.offset, task.nbytes, None)
+            op = ReadOp(task.path, at, size, None, task.spec.name, task.key, task.blob)
+            data = np.ascontiguousarray(blob_bytes(op))
+            src = data.ctypes.data
+            if dst is not None:
+                rt.memcpyAsync(out.data.ptr + dst, src, size, h2d, stream.ptr)
+                continue
+            n = task.spec.recipe.nbytes
+            if len(data) < n:
+                raise task.error(f"chunk holds {len(data)} bytes, expected {n}")
+            if task.target is not None:
+                rt.memcpyAsync(task.target.data.ptr, src, n, h2d, stream.ptr)
+            elif task.copy is not None:
+                s, k, d = task.copy
+                rt.memcpyAsync(out.data.ptr + d, src + s, k, h2d, stream.ptr)
+            elif (copies := box_copies(task.spec.recipe, task.piece, out.shape)) is not None:
+                for s, d, w, h, spitch, dpitch in copies:
+                    rt.memcpy2DAsync(out.data.ptr + d, dpitch, src + s, spitch, w, h, h2d, stream.ptr)
+            else:
+                with stream:
+                    scratch = cupy.empty(n, dtype=cupy.uint8)
+                    lo, hi = _span(task)
+                    if hi > lo:
+                        rt.memcpyAsync(scratch.data.ptr + lo, src + lo, hi - lo, h2d, stream.ptr)
+                    place_chunk(cupy, out, scratch, task.spec.recipe, task.piece)
+    finally:
+        stream.synchronize()  # the fetched bytes are released once this returns, an error's way too
+        jobs._spent.append((id(tasks[0].spec.recipe), time.perf_counter() - t0))
+
+
 def _direct_job(task: Any, out: Any, device: Any) -> None:
     """A piece whose stored bytes are one run of the output: read straight into a host
     output, or into the thread's pinned buffer (a fetched one: from where it landed) and
@@ -301,6 +348,9 @@ def start(tasks: list[Any], outs: list[Any], device: Any, inline: bool = False) 
         return jobs
     if device.name == "gpu":
         device.synchronize()  # the outputs' fill values are written before other streams write
+        if PLACE_FETCHED and all(t.blob is not None and not t.spec.recipe.bytes_codecs for t in tasks):
+            jobs._futures.append(run_now(_place_fetched, tasks, outs, device, jobs))
+            return jobs
     if inline and _runs_inline(tasks):
         for t in tasks:
             done = run_now(_timed_job, t, outs[t.out], device, jobs)
