@@ -12,7 +12,9 @@ HTTP server in its own process. For each store, in one run:
 
 - the ceiling: every chunk object fetched with parallel GETs through fsspec's HTTP client
   (the client zarr uses), nothing decoded; and the same bytes through the engine's fetcher
-  (threads, ``http.client``); the higher of the two is the ceiling;
+  (threads, ``http.client``), into new NumPy arrays and into page-locked memory from cupy's
+  pinned pool (where the engine lands bytes bound for the GPU as they are); the highest of
+  the three is the ceiling;
 - eager loads: ``engine="kvikio"`` (GPU, ``decode="auto"``, and ``decode="gpu"``: every
   stream to nvCOMP), also with the engine fetching through fsspec's client; zarr's GPU mode over
   ``FsspecStore``; zarr on the CPU + ``cupy.asarray`` over fsspec and over obstore;
@@ -91,7 +93,14 @@ def ceiling_paths(url: str, keys: list[str]) -> dict:
     def engine_fetch():
         return source.fetch([Request(k) for k in keys])
 
-    return {"ceiling: fsspec GETs": fsspec_cat, "ceiling: engine fetch": engine_fetch}
+    def engine_fetch_pinned():
+        return source.fetch([Request(k) for k in keys], pinned=True)
+
+    return {
+        "ceiling: fsspec GETs": fsspec_cat,
+        "ceiling: engine fetch": engine_fetch,
+        "ceiling: engine fetch, pinned": engine_fetch_pinned,
+    }
 
 
 def eager_paths(url: str) -> dict:
@@ -233,7 +242,7 @@ def table(results: list[dict]) -> None:
         def g(label, p=p):
             return p.get(label, {}).get("GBps", float("nan"))
 
-        ceil = max(g("ceiling: fsspec GETs"), g("ceiling: engine fetch"))
+        ceil = max(g(k) for k in p if k.startswith("ceiling"))
         eng = g("engine (GPU)")
         lat = r.get("latency_ms", {})
         nan = float("nan")

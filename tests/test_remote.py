@@ -505,8 +505,8 @@ def test_concurrent_reads_in_threads(http, device):
 
 def test_fetched_bytes_are_read_where_they_landed(http, monkeypatch, device):
     """CPU threads decode and copy a fetched object from where it landed, never through a
-    buffer of their own; read to a GPU, uncompressed arrays land in pinned memory (copied to
-    the device at full speed), in blocks cupy's pinned pool reuses."""
+    buffer of their own; read to a GPU, bytes that go there as they are land in pinned memory
+    (copied to the device at full speed), in blocks cupy's pinned pool reuses."""
     from cupy_xarray.engine import host
 
     real_read, real_land = host._pread_into, remote.pinned_landing
@@ -525,12 +525,17 @@ def test_fetched_bytes_are_read_where_they_landed(http, monkeypatch, device):
     for name in ("tiles", "zstd", "gzip", "sharded_start"):
         xr.testing.assert_identical(ds[name].compute().cupy.as_numpy(), want[name])
         xr.testing.assert_identical(ds[name].isel(sel).compute().cupy.as_numpy(), want[name].isel(sel))
-        pinned = device == "gpu" and name == "tiles"  # no bytes codecs (sharded_start has crc32c)
+        # to the GPU as they are: no bytes codecs, or streams nvCOMP may decode (not zstd's
+        # under decode="auto"; sharded_start's raw bytes have a crc32c)
+        pinned = device == "gpu" and name in ("tiles", "gzip")
         assert bool(landed) == pinned, name
         if name == "tiles" and pinned:
             assert set(landed) == {4 * 16 * 12 * 4}  # whole chunks
         del landed[:]
     if device == "gpu":
+        trusted = xr.open_dataset(url, engine="kvikio", device=device, cache=False, decode="gpu")
+        xr.testing.assert_identical(trusted.zstd.compute().cupy.as_numpy(), want.zstd)
+        assert landed, "decode='gpu' hands zstd frames to nvCOMP as they are"
         a = real_land(4_000_000)
         assert len(a) == 4_000_000
         where = a.ctypes.data

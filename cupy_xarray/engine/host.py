@@ -12,6 +12,10 @@ libzstd, zlib, liblz4, c-blosc after the engine's own Blosc layout check, crc32c
   2-D copies where the piece is a box of rows (:func:`~.scatter.box_copies`), else into a
   scratch buffer of one chunk that is scattered on the GPU.
 
+Uncompressed chunks fetched from a remote store are the exception on a GPU: the calling
+thread queues their copies, and the kernel that places tile boxes reads them from the
+page-locked memory they landed in (:func:`_place_fetched`).
+
 Memory beside the output is bounded by the pool: per thread, one chunk's stored bytes and
 one chunk's decoded bytes on the host (kept by the thread for its next chunk; pinned for a
 GPU read: the stored bytes where they are copied to the GPU as they are), and for a GPU read
@@ -34,7 +38,7 @@ import numpy as np
 
 from .decoders import decode_on_host
 from .io import ReadOp, _pread_into, blob_bytes, first_error, run_now
-from .scatter import box_copies, copy_bytes, place_chunk
+from .scatter import Boxes, box_copies, copy_bytes, place_chunk
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
@@ -160,19 +164,27 @@ def _job(task: Any, out: Any, device: Any, stats: dict | None) -> None:
     _job_gpu(task, stored, out, device, stats, (lo, hi))
 
 
-#: uncompressed chunks fetched to the host are copied to a GPU from the calling thread, every
-#: copy queued before one wait (handing each to the pool, which waits for each, cost more
-#: than the copies and kept the fetch threads from the interpreter lock)
-PLACE_FETCHED = True
+def _placer(boxes: dict[int, Boxes], i: int, out: Any) -> Boxes:
+    placer = boxes.get(i)
+    if placer is None:
+        placer = boxes[i] = Boxes(out)
+    return placer
 
 
 def _place_fetched(tasks: list[Any], outs: list[Any], device: Any, jobs: Jobs) -> None:
-    """Copy fetched uncompressed chunks into their GPU outputs: straight where a piece is a
-    run or a box of its output, else by way of a scratch chunk and the scatter kernel."""
+    """Copy fetched uncompressed chunks into their GPU outputs from the calling thread, every
+    copy queued before one wait: runs of an output with one copy each; boxes of pieces in
+    page-locked memory all with one kernel launch, which reads them where they landed; other
+    boxes with 2-D copies; the rest by way of a scratch chunk and the scatter kernel.
+
+    A pool job per chunk, each waiting for its own copies, cost more than the copies (1 GiB
+    of 4 MiB tiles over loopback HTTP on an H200: 5.3 GB/s; 2-D copies queued here: 6.5; one
+    kernel: 7.4, against 8.9 for the fetches alone)."""
     cupy = device.xp
     stream = _stream(cupy)
     rt = cupy.cuda.runtime
     h2d = rt.memcpyHostToDevice
+    boxes: dict[int, Boxes] = {}  # per output: the boxes of page-locked pieces, one kernel
     t0 = time.perf_counter()
     try:
         for task in tasks:
@@ -192,6 +204,8 @@ def _place_fetched(tasks: list[Any], outs: list[Any], device: Any, jobs: Jobs) -
             elif task.copy is not None:
                 s, k, d = task.copy
                 rt.memcpyAsync(out.data.ptr + d, src + s, k, h2d, stream.ptr)
+            elif task.mapped and _placer(boxes, task.out, out).add(data, task.spec.recipe, task.piece):
+                continue  # copied by the kernel below, from where it landed
             elif (copies := box_copies(task.spec.recipe, task.piece, out.shape)) is not None:
                 for s, d, w, h, spitch, dpitch in copies:
                     rt.memcpy2DAsync(out.data.ptr + d, dpitch, src + s, spitch, w, h, h2d, stream.ptr)
@@ -202,6 +216,9 @@ def _place_fetched(tasks: list[Any], outs: list[Any], device: Any, jobs: Jobs) -
                     if hi > lo:
                         rt.memcpyAsync(scratch.data.ptr + lo, src + lo, hi - lo, h2d, stream.ptr)
                     place_chunk(cupy, out, scratch, task.spec.recipe, task.piece)
+        with stream:
+            for placer in boxes.values():
+                placer.run(cupy)
     finally:
         stream.synchronize()  # the fetched bytes are released once this returns, an error's way too
         jobs._spent.append((id(tasks[0].spec.recipe), time.perf_counter() - t0))
@@ -348,7 +365,7 @@ def start(tasks: list[Any], outs: list[Any], device: Any, inline: bool = False) 
         return jobs
     if device.name == "gpu":
         device.synchronize()  # the outputs' fill values are written before other streams write
-        if PLACE_FETCHED and all(t.blob is not None and not t.spec.recipe.bytes_codecs for t in tasks):
+        if all(t.blob is not None and not t.spec.recipe.bytes_codecs for t in tasks):
             jobs._futures.append(run_now(_place_fetched, tasks, outs, device, jobs))
             return jobs
     if inline and _runs_inline(tasks):

@@ -28,6 +28,7 @@ from ..errors import ChunkError, OutOfMemoryError
 from . import host
 from .decoders import (
     Box,
+    compressor,
     decode_choice,
     decode_group,
     decodes_into_boxes,
@@ -121,6 +122,7 @@ class _Task:
     box: Box | None = field(default=None, repr=False)  # the output box it decodes into (a tile)
     landed: bool = False  # decoded straight into the output: nothing left to scatter
     blob: Any = field(default=None, repr=False)  # bytes fetched from a remote store (offset: into it)
+    mapped: bool = False  # the blob is page-locked memory, which a GPU kernel reads in place
     ready: Any = field(default=None, repr=False)  # what chain.prepare_group started for its group
     span: tuple[int, int] | None = None  # host route: the bytes of the chunk the piece needs
 
@@ -157,11 +159,12 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
     return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}{fetched}"
 
 
-def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int, device: Any = None):
-    """Find each piece's bytes; return (tasks, number of missing chunks). ``device``: where
-    the read goes (fetched bytes of uncompressed arrays land in pinned memory for a GPU)."""
+def _locate(spec: ArraySpec, pieces: list[ChunkPiece], out: int, device: Any = None, decode: str = "auto"):
+    """Find each piece's bytes; return (tasks, number of missing chunks). ``device`` and
+    ``decode``: where the read goes and how it decodes (fetched bytes that go to a GPU as
+    they are land in pinned memory: :func:`_lands_pinned`)."""
     if spec.source is not None:
-        tasks, missing_pieces = _fetch(spec, pieces, out, device=device)
+        tasks, missing_pieces = _fetch(spec, pieces, out, device=device, decode=decode)
         return tasks, len(missing_pieces)
     tasks: list[_Task] = []
     missing = 0
@@ -215,25 +218,37 @@ def _inner(spec: ArraySpec, shard: tuple[int, ...], local: tuple[int, ...], inde
     return offset, nbytes, f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
 
 
-def _lands_pinned(spec: ArraySpec, device: Any) -> bool:
-    """Whether an array's fetched bytes land in pinned memory: uncompressed ones read to a GPU
-    (copied as they are, at full speed from pinned memory, and all of one size, so that cupy's
-    pinned pool reuses their blocks)."""
-    return getattr(device, "name", None) == "gpu" and not spec.recipe.bytes_codecs
+def _lands_pinned(spec: ArraySpec, device: Any, decode: str = "auto") -> bool:
+    """Whether an array's fetched bytes land in pinned memory: those read to a GPU that go
+    there as they are (uncompressed chunks, copied or read in place by a kernel; streams
+    nvCOMP may decode), where copies run at full speed (cupy's pinned pool keeps the blocks
+    for the next fetches)."""
+    if getattr(device, "name", None) != "gpu":
+        return False
+    codecs = spec.recipe.bytes_codecs
+    if not codecs:
+        return True
+    return compressor(codecs) is not None and fixed_route(codecs, decode)[0] != "host"
 
 
 def _fetch(
-    spec: ArraySpec, pieces: list[ChunkPiece], out: int, indexes: dict | None = None, device: Any = None
+    spec: ArraySpec,
+    pieces: list[ChunkPiece],
+    out: int,
+    indexes: dict | None = None,
+    device: Any = None,
+    decode: str = "auto",
 ):
     """:func:`_locate` for a remote store: fetch the pieces' objects (whole chunks; for sharded
     arrays the shards' indexes, then their inner chunks' ranges, neighbours coalesced).
     Returns (tasks, the pieces whose chunks do not exist). ``indexes``: shard indexes already
-    fetched (filled in; default the source's own, kept while the dataset is open); ``device``:
-    where the read goes (:func:`_lands_pinned`)."""
+    fetched (filled in; default the source's own, kept while the dataset is open); ``device``
+    and ``decode``: where the read goes and how it decodes (:func:`_lands_pinned`)."""
     from .remote import Request, coalesce
 
     source = spec.source
-    pinned = _lands_pinned(spec, device)
+    pinned = _lands_pinned(spec, device, decode)
+    mapped = pinned and source.lands_pinned
     tasks: list[_Task] = []
     missing: list[ChunkPiece] = []
     if spec.shard is None:
@@ -244,7 +259,9 @@ def _fetch(
             if blob is None:
                 missing.append(p)
             else:
-                tasks.append(_Task(out, spec, p, source.location(key), key, 0, len(blob), blob=blob))
+                tasks.append(
+                    _Task(out, spec, p, source.location(key), key, 0, len(blob), blob=blob, mapped=mapped)
+                )
         return tasks, missing
     places = _places(spec, pieces)
     cache = source.shard_indexes if indexes is None else indexes
@@ -272,9 +289,8 @@ def _fetch(
                     chunk=key,
                     path=source.location(req.key),
                 )
-            tasks.append(
-                _Task(out, spec, p, source.location(req.key), key, offset - start, nbytes, blob=blob)
-            )
+            location = source.location(req.key)
+            tasks.append(_Task(out, spec, p, location, key, offset - start, nbytes, blob=blob, mapped=mapped))
     return tasks, missing
 
 
@@ -321,8 +337,8 @@ def _waves(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]], wave_bytes: in
     return waves
 
 
-def _fetch_wave(wave: list, indexes: dict, device: Any = None) -> list:
-    return [(i, spec, *_fetch(spec, pieces, i, indexes, device)) for i, spec, pieces in wave]
+def _fetch_wave(wave: list, indexes: dict, device: Any = None, decode: str = "auto") -> list:
+    return [(i, spec, *_fetch(spec, pieces, i, indexes, device, decode)) for i, spec, pieces in wave]
 
 
 #: a GPU read of at least this many bytes of an uncompressed, unsharded local array is located
@@ -1008,7 +1024,7 @@ def _read_arrays_timed(normalized, device, batch_bytes, progress, decode, schedu
             streamed.append((i, spec, pieces))
             outs[i] = device.empty(oshape, spec.dtype)
             continue
-        found, missing = _locate(spec, pieces, i, device)
+        found, missing = _locate(spec, pieces, i, device, decode)
         if missing:
             filled.add(i)
             outs[i] = device.full(oshape, spec.fill_value, spec.dtype)
@@ -1063,7 +1079,7 @@ def _execute_waves(remote, outs, normalized, *, wave_bytes, device, clock, bar, 
     def more() -> None:
         wave = next(waves, None)
         if wave is not None:
-            ahead.append(fetcher.submit(_fetch_wave, wave, indexes, device))
+            ahead.append(fetcher.submit(_fetch_wave, wave, indexes, device, run["decode"]))
 
     try:
         for _ in range(depth + 1):

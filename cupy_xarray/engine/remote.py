@@ -207,6 +207,12 @@ class RemoteSource:
             for part in self.prefix.split("/"):
                 check_remote_key(part, f"array {name!r}")
 
+    @property
+    def lands_pinned(self) -> bool:
+        """Whether :meth:`fetch` with ``pinned=True`` lands the bytes in page-locked memory
+        (the threaded HTTP(S) fetcher does; a store's own ``get`` returns its own buffers)."""
+        return self.http is not None
+
     def remember(self, cache: dict, key: Any, value: Any) -> None:
         """Keep ``value`` in ``cache`` (at most :data:`MAX_CACHED_INDEXES` entries)."""
         if len(cache) >= MAX_CACHED_INDEXES:

@@ -356,7 +356,8 @@ def _pinned_table(cupy: Any, rows: int) -> tuple[np.ndarray, list]:
 def _run_gpu(cupy: Any, out: Any, sources: list[Any], t: np.ndarray) -> None:
     from .decoders.kernels import function
 
-    ptrs = np.array([s.data.ptr for s in sources], dtype=np.int64)
+    # sources on the device, or in page-locked host memory (read in place, as the table is)
+    ptrs = np.array([s.ctypes.data if isinstance(s, np.ndarray) else s.data.ptr for s in sources], np.int64)
     table, slot = _pinned_table(cupy, len(t))
     np.add(ptrs[t[:, 0]], t[:, 1], out=table[:, 0])
     np.add(t[:, 2], out.data.ptr, out=table[:, 1])
