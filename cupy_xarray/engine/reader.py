@@ -373,7 +373,7 @@ class _Segment:
 
     def staging_bound(self) -> int:
         """Staging bytes the batch can take: every piece staged, slots aligned."""
-        return len(self.pieces) * -(-self.spec.recipe.nbytes // _ALIGN) * _ALIGN
+        return len(self.pieces) * _aligned(self.spec.recipe.nbytes)
 
     def locate(self, outs: list, device: Device) -> list[_Task]:
         """Locate and plan the pieces; the regions of missing chunks get the fill value."""
@@ -506,10 +506,9 @@ def _plan_boxes(batched: list[_Task], outs: list) -> None:
     place their chunks themselves)."""
     flat: dict[int, Any] = {}
     for t in batched:
-        if t.direct is None and t.spec.recipe.bytes_codecs:
-            if t.out not in flat:
-                flat[t.out] = _bytes_of(outs[t.out])
-            _plan_box(t, outs[t.out], flat[t.out])
+        if t.out not in flat:
+            flat[t.out] = _bytes_of(outs[t.out])
+        _plan_box(t, outs[t.out], flat[t.out])
 
 
 def _progress_bytes(tasks: list[_Task]) -> int:
@@ -561,8 +560,13 @@ def _slots(batch: list[_Task]) -> tuple[list[_Task], list[int], int]:
         lead = stream_lead(t.spec.recipe.bytes_codecs)
         start = total + (_ALIGN - lead) % _ALIGN
         offsets.append(start)
-        total = -(-(start + t.nbytes) // _ALIGN) * _ALIGN
+        total = _aligned(start + t.nbytes)
     return staged, offsets, total
+
+
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a staging slot's alignment."""
+    return -(-nbytes // _ALIGN) * _ALIGN
 
 
 def _staging_bytes(slots: list[tuple[list[_Task], list[int], int]]) -> int:
@@ -646,11 +650,10 @@ def _start_ahead(batch: list[_Task], device: Device, decode: str) -> bool:
 
 
 def _finish(
-    batch: list[_Task], outs: list, device: Device, clock: _Clock, decode: str, geometry: dict | None = None
+    batch: list[_Task], outs: list, device: Device, clock: _Clock, decode: str, geometry: dict
 ) -> None:
     """Decode a batch whose reads have landed and place its chunks; ``geometry``: per output,
     the box copies its pieces take, kept across the read's batches (:class:`.scatter.Boxes`)."""
-    geometry = {} if geometry is None else geometry
     groups = _groups(batch)
     xp = device.xp
     for key, group in groups.items():
