@@ -680,3 +680,38 @@ def test_a_body_that_stalls_every_time_is_named(large_bodies, monkeypatch):
             ds.raw.load()
     finally:
         large_bodies.faults.clear()
+
+
+@pytest.mark.parametrize(
+    ("codecs", "decode", "pinned"),
+    [
+        ((), "auto", True),  # copied (or read in place by the placing kernel) as they are
+        (("zstd",), "auto", False),  # decoded on CPU threads
+        (("zstd",), "gpu", True),
+        (("crc32c", "zstd"), "auto", True),  # a checksum proves the frames first: nvCOMP may
+        (("blosc-lz4",), "auto", True),
+        (("blosc-zstd",), "auto", False),
+        (("gzip",), "auto", True),
+        (("lz4",), "auto", False),
+        (("zstd",), "cpu", False),
+        (("crc32c",), "auto", False),  # raw bytes checked on the host
+    ],
+)
+def test_what_lands_in_pinned_memory(codecs, decode, pinned):
+    """Fetched bytes land page-locked where they go to the GPU as they are, never for a read
+    to the host."""
+    from types import SimpleNamespace
+
+    from cupy_xarray.engine import reader
+
+    spec = SimpleNamespace(recipe=SimpleNamespace(bytes_codecs=codecs))
+    assert reader._lands_pinned(spec, SimpleNamespace(name="gpu"), decode) is pinned
+    assert reader._lands_pinned(spec, SimpleNamespace(name="cpu"), decode) is False
+
+
+def test_only_the_threaded_fetcher_lands_bytes_pinned(http, tmp_path):
+    from zarr.storage import FsspecStore, MemoryStore
+
+    url = f"{http.url}/s.zarr"
+    assert remote.RemoteSource(FsspecStore.from_url(url, read_only=True), "tiles", "tiles").lands_pinned
+    assert not remote.RemoteSource(MemoryStore(), "tiles", "tiles").lands_pinned
