@@ -32,8 +32,7 @@ def _trace_reads() -> None:
     import threading
     import time as _time
 
-    from cupy_xarray import backend
-    from cupy_xarray.engine import reader
+    from cupy_xarray import backend, record_reads
 
     if getattr(backend, "_traced", None) is not None:
         backend._traced.clear()
@@ -43,8 +42,10 @@ def _trace_reads() -> None:
 
     def read_arrays(*args, **kwargs):
         t0 = _time.perf_counter()
-        out = inner(*args, **kwargs)
-        traced.append((t0, _time.perf_counter(), threading.get_ident(), dict(reader.last_read_stats)))
+        with record_reads() as reports:
+            out = inner(*args, **kwargs)
+        phases = dict(reports[-1].phases) if reports else {}
+        traced.append((t0, _time.perf_counter(), threading.get_ident(), phases))
         return out
 
     backend.read_arrays = read_arrays

@@ -18,10 +18,11 @@ def main() -> None:
     import xarray as xr
     from read_throughput import smooth_field
 
+    from cupy_xarray import record_reads, set_options
     from cupy_xarray.backend import KvikioBackendArray
     from cupy_xarray.cf import find_backend_array
     from cupy_xarray.device import resolve_device
-    from cupy_xarray.engine import read_arrays, reader
+    from cupy_xarray.engine import describe, read_arrays
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/cupy-xarray-prof")
@@ -76,7 +77,7 @@ def main() -> None:
             )
         ds = xr.open_dataset(path, engine="kvikio")
         spec = find_backend_array(ds.f.variable._data, KvikioBackendArray).spec
-        print(reader.describe(spec, resolve_device("gpu")), flush=True)
+        print(describe(spec, resolve_device("gpu")), flush=True)
         if label.startswith("blosc"):
             head = next(p for p in sorted((path / "f" / "c").rglob("*")) if p.is_file()).read_bytes()[:16]
             print(
@@ -89,23 +90,23 @@ def main() -> None:
             dev = resolve_device("gpu", threads)
             read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)  # warm
             times = []
-            for exact in ("0", "0", "1"):  # free-running twice, then synchronized per phase
-                os.environ["CUPY_XARRAY_PROFILE"] = exact
+            for exact in (False, False, True):  # free-running twice, then synchronized per phase
                 mempool = cupy.get_default_memory_pool()
                 mempool.free_all_blocks()
                 t0 = time.perf_counter()
-                (out,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)
+                with set_options(profile=exact), record_reads() as reports:
+                    (out,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)
                 cupy.cuda.Device().synchronize()
                 times.append(time.perf_counter() - t0)
                 pool_bytes = mempool.total_bytes()
                 del out
             dt = min(times[:2])
-            stats = {k: round(v * 1e3, 1) for k, v in reader.last_read_stats.items()}  # synchronized run
+            stats = {k: round(v * 1e3, 1) for k, v in reports[-1].phases.items()}  # synchronized run
             if args.cprofile:
                 import cProfile
                 import pstats
 
-                os.environ["CUPY_XARRAY_PROFILE"] = "0"
+                set_options(profile=False)  # free-running from here on, in this thread
                 prof = cProfile.Profile()
                 prof.enable()
                 (out,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch)
@@ -161,10 +162,11 @@ def _concurrent(spec, parts: int, nbytes: int, label: str) -> None:
     import cupy
     from read_throughput import in_threads
 
+    from cupy_xarray import set_options
     from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import read_arrays
 
-    os.environ["CUPY_XARRAY_PROFILE"] = "0"
+    set_options(profile=False)  # free-running from here on, in this thread
     n = spec.shape[0]
     sels = [(slice(k * n // parts, (k + 1) * n // parts),) for k in range(parts)]
     dev = resolve_device("gpu")

@@ -26,7 +26,7 @@ import pstats
 import time
 from typing import Any
 
-os.environ["CUPY_XARRAY_PROFILE"] = "1"
+os.environ.setdefault("CUPY_XARRAY_PROFILE", "1")  # read at import: phases timed exactly
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     import numpy as np
     import xarray as xr
 
-    from cupy_xarray.engine import reader
+    from cupy_xarray import record_reads
 
     ap = argparse.ArgumentParser()
     ap.add_argument("paths", nargs="*")
@@ -90,12 +90,13 @@ def main() -> None:
         prof = cProfile.Profile()
         t0 = time.perf_counter()
         prof.enable()
-        _ = xr.open_dataset(path, engine="kvikio")["field"].data
+        with record_reads() as reports:
+            _ = xr.open_dataset(path, engine="kvikio")["field"].data
         cupy.cuda.Device().synchronize()
         prof.disable()
         print(f"eager read {time.perf_counter() - t0:.3f} s (profiled); phases (s):",
-              {k: round(v, 4) for k, v in reader.last_read_stats.items()})  # fmt: skip
-        print("decisions:", [str(d) for d in reader.last_read_decisions])
+              {k: round(v, 4) for k, v in reports[-1].phases.items()})  # fmt: skip
+        print("decisions:", [str(d) for d in reports[-1].decisions])
         if args.raw:
             raw_reads(path, field.nbytes)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.top)
@@ -106,13 +107,14 @@ def main() -> None:
             lazy.compute()
             cupy.cuda.Device().synchronize()
             t0 = time.perf_counter()
-            lazy.compute()
+            with dask.config.set(scheduler="synchronous"), record_reads() as reports:  # reports: this thread
+                lazy.compute()
             cupy.cuda.Device().synchronize()
             dt = time.perf_counter() - t0
             per = dt / lazy.npartitions * 1e3
             print(f"dask chunks={{}}: {dt:.3f} s, {lazy.npartitions} tasks, {per:.2f} ms per task, "
                   f"{lazy.nbytes / dt / 1e9:.2f} GB/s; phases of the last task (s):",
-                  {k: round(v, 4) for k, v in reader.last_read_stats.items()})  # fmt: skip
+                  {k: round(v, 4) for k, v in reports[-1].phases.items()})  # fmt: skip
             with dask.config.set(scheduler="synchronous"):  # every task on this thread: profiled
                 lazy.compute()
                 t0 = time.perf_counter()
@@ -143,6 +145,7 @@ def threaded_chunks(path: str, threads: int, per_thread: int = 64) -> None:
     import xarray as xr
     from read_throughput import in_threads
 
+    from cupy_xarray import set_options
     from cupy_xarray.backend import KvikioBackendArray
     from cupy_xarray.cf import find_backend_array
     from cupy_xarray.device import resolve_device
@@ -189,11 +192,11 @@ def threaded_chunks(path: str, threads: int, per_thread: int = 64) -> None:
     ways = {} if codec is not None else {"bare pread + copy": bare}  # the bare read decodes nothing
     ways["read_arrays"] = lambda i: read_arrays([(spec, whole[i % len(whole)])], dev)[0]
     ways["xarray indexing"] = lambda i: ds["field"][whole[i % len(whole)]].data
-    steps = [(reader, "_locate"), (reader, "_execute"), (host, "_direct_job"), (host, "_pread_into")]
+    steps = [(reader, "locate"), (reader, "execute"), (host, "_direct_job"), (host, "_pread_into")]
     saved = [(m, name, getattr(m, name)) for m, name in steps]
     for m, name, fn in saved:
         setattr(m, name, timed(name, fn))
-    profiling, os.environ["CUPY_XARRAY_PROFILE"] = os.environ.get("CUPY_XARRAY_PROFILE"), "0"  # free-running
+    free = set_options(profile=False)  # free-running (the worker threads: the defaults)
     try:
         for label, fn in ways.items():
             for n in (1, threads):
@@ -216,7 +219,7 @@ def threaded_chunks(path: str, threads: int, per_thread: int = 64) -> None:
     finally:
         for m, name, fn in saved:
             setattr(m, name, fn)
-        os.environ["CUPY_XARRAY_PROFILE"] = profiling or "0"
+        free.__exit__(None, None, None)
 
 
 def raw_reads(path: str, nbytes: int, threads: int = 16) -> None:

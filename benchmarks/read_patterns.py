@@ -235,7 +235,7 @@ def measure(name: str, path: Path, args) -> dict:
     import xarray as xr
     import zarr
 
-    from cupy_xarray.engine import reader
+    from cupy_xarray import record_reads
 
     arr = zarr.open_array(path / "field", mode="r")
     nbytes = arr.nbytes
@@ -262,9 +262,10 @@ def measure(name: str, path: Path, args) -> dict:
             repeat = args.repeat
         elif label in ("raw kvikio read", "raw read + cupy.empty", "engine read, no open"):
             repeat = max(args.repeat, 5)  # a read and its ceiling: their ratio is a target
-        record(label, fn, repeat)
-        if label == "engine auto":
-            row["decisions"] = [str(d) for d in reader.last_read_decisions]
+        with record_reads() as reports:
+            record(label, fn, repeat)
+        if label == "engine auto" and reports:
+            row["decisions"] = [str(d) for d in reports[-1].decisions]
             print(f"  {name:>19} scheduler: {row['decisions']}", flush=True)
     t_len = arr.shape[0]
     chunk_t = max(1, 256 * 2**20 // (SIDE * SIDE * 4))

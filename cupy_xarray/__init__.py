@@ -4,10 +4,28 @@ Importing the package registers the ``.cupy`` accessor on DataArray, Dataset and
 ``engine="kvikio"`` backend is registered through the package's entry point.
 """
 
-from . import accessors  # noqa: F401  (registers .cupy)
+from . import (
+    accessors,  # noqa: F401  (registers .cupy)
+    chunked,
+)
 from .device import gpu_available
+from .engine.read import ReadReport, record_reads
 from .loader import read_datatree_gds, read_zarr_gds
+from .options import Options, get_options, set_options
 from .warmup import warm_up
 
+chunked.install()  # dask chunks of engine arrays keep the device's meta
+
 __version__ = "0.2.0"
-__all__ = ["__version__", "gpu_available", "read_datatree_gds", "read_zarr_gds", "warm_up"]
+__all__ = [
+    "Options",
+    "ReadReport",
+    "__version__",
+    "get_options",
+    "gpu_available",
+    "read_datatree_gds",
+    "read_zarr_gds",
+    "record_reads",
+    "set_options",
+    "warm_up",
+]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from xarray.backends import BackendArray, BackendEntrypoint
@@ -19,7 +19,6 @@ from xarray.backends.zarr import ZarrStore
 from xarray.core import indexing
 from xarray.core.variable import Variable
 
-from . import chunked
 from .cf import device_agnostic, find_backend_array
 from .containment import Containment
 from .device import Device, PrototypeDevice, resolve_device, start_gpu
@@ -27,6 +26,20 @@ from .engine import array_spec, read_arrays
 from .engine.decoders import decode_choice
 from .engine.plan import normalize_selection
 from .errors import StoreError
+from .options import Options, get_options, using
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """How a dataset's variables are read: ``engine="kvikio"``'s own keywords (checked,
+    :func:`read_settings`), and the settings in effect when it was opened
+    (:func:`cupy_xarray.set_options`), which its reads keep on any thread or dask worker."""
+
+    device: Any = "gpu"
+    threads: int | None = None
+    batch_bytes: int | None = None
+    decode: str | None = None
+    options: Options = field(default_factory=get_options)
 
 
 class KvikioBackendArray(BackendArray):
@@ -44,10 +57,22 @@ class KvikioBackendArray(BackendArray):
     batch_bytes
         Memory a read's batches may hold beside its output (:func:`~cupy_xarray.engine.read_arrays`).
     decode
-        Where a GPU read decodes: ``"auto"``, ``"gpu"`` or ``"cpu"`` (None: ``CUPY_XARRAY_DECODE``).
+        Where a GPU read decodes: ``"auto"``, ``"gpu"`` or ``"cpu"`` (None: the ``decode`` option).
+    options
+        The settings its reads use (default: those in effect now).
     """
 
-    __slots__ = ("_preloaded", "batch_bytes", "decode", "device", "dtype", "shape", "spec", "threads")
+    __slots__ = (
+        "_preloaded",
+        "batch_bytes",
+        "decode",
+        "device",
+        "dtype",
+        "options",
+        "shape",
+        "spec",
+        "threads",
+    )
 
     def __init__(
         self,
@@ -58,8 +83,11 @@ class KvikioBackendArray(BackendArray):
         containment: Containment | None = None,
         batch_bytes: int | None = None,
         decode: str | None = None,
+        options: Options | None = None,
     ):
-        self.spec = array_spec(zarr_array, name=name, containment=containment)
+        self.options = get_options() if options is None else options
+        with using(self.options):  # what the array's metadata is checked against
+            self.spec = array_spec(zarr_array, name=name, containment=containment)
         self.batch_bytes = batch_bytes
         self.decode = decode
         self.shape = self.spec.shape
@@ -69,7 +97,8 @@ class KvikioBackendArray(BackendArray):
         self._preloaded = None
 
     def resolved_device(self) -> Device | PrototypeDevice:
-        return resolve_device(self.device, self.threads)
+        with using(self.options):
+            return resolve_device(self.device, self.threads)
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> Any:
         return indexing.explicit_indexing_adapter(
@@ -88,31 +117,53 @@ class KvikioBackendArray(BackendArray):
                 out, self._preloaded = self._preloaded, None
                 return out
         device = self.resolved_device()
-        return read_arrays([(self.spec, key)], device, batch_bytes=self.batch_bytes, decode=self.decode)[0]
+        with using(self.options):
+            return read_arrays([(self.spec, key)], device, batch_bytes=self.batch_bytes, decode=self.decode)[
+                0
+            ]
+
+
+def _slots(cls: type) -> list[str]:
+    return [name for klass in cls.__mro__ for name in getattr(klass, "__slots__", ())]
 
 
 class KvikioStore(ZarrStore):
-    """xarray's ZarrStore whose variables read through the engine."""
+    """xarray's ZarrStore whose variables read through the engine.
 
-    _cupy_xarray_device: Any = "gpu"
-    _cupy_xarray_threads: int | None = None
-    _cupy_xarray_containment: Containment | None = None
-    _cupy_xarray_batch_bytes: int | None = None
-    _cupy_xarray_decode: str | None = None
+    Parameters
+    ----------
+    opened
+        The group as xarray's own ZarrStore opened it (metadata, members, zarr_format).
+    reads
+        How its variables are read (:class:`ReadSettings`).
+    containment
+        What keeps the reads of a local store inside its root (None: a remote store).
+    """
+
+    def __init__(
+        self, opened: ZarrStore, reads: ReadSettings, containment: Containment | None = None
+    ) -> None:
+        for name in _slots(ZarrStore):  # take over the opened group, as xarray's store holds it
+            if hasattr(opened, name):
+                setattr(self, name, getattr(opened, name))
+        self.reads = reads
+        self.containment = containment
 
     def open_store_variable(self, name, *args, **kwargs):
         var = super().open_store_variable(name, *args, **kwargs)
         zarr_array = find_backend_array(var._data, BackendArray).get_array()
+        reads = self.reads
         # dimension coordinates become pandas indexes: they are always read to the host
-        device = "cpu" if var.dims == (name,) else self._cupy_xarray_device
+        device = "cpu" if var.dims == (name,) else reads.device
         array = KvikioBackendArray(
             zarr_array,
             name,
             device,
-            self._cupy_xarray_threads,
-            self._cupy_xarray_containment,
-            self._cupy_xarray_batch_bytes,
-            self._cupy_xarray_decode,
+            reads.threads,
+            self.containment,
+            reads.batch_bytes,
+            reads.decode,
+            reads.options,
         )
         data = indexing.LazilyIndexedArray(array)
         return Variable(var.dims, data, var.attrs, var.encoding)
@@ -182,8 +233,10 @@ def _stores(
     allow_external_links: bool,
     use_zarr_fill_value_as_mask: bool | None,
     cache_members: bool,
+    reads: ReadSettings,
 ) -> dict[str, KvikioStore]:
-    """The group's store, or with ``tree`` one store per group below it (keys: group paths)."""
+    """The group's store, or with ``tree`` one store per group below it (keys: group paths),
+    their variables read as ``reads`` says."""
     containment = None
     local = local_store_path(path)
     # remote URLs (s3://, https://, gs://, memory://, ...) open through zarr's own fsspec
@@ -216,9 +269,9 @@ def _stores(
     try:
         if tree:
             parent = "/" + (group or "").strip("/")
-            stores = KvikioStore.open_store(path, group=parent, **options)
+            opened = ZarrStore.open_store(path, group=parent, **options)
         else:
-            stores = {group or "/": KvikioStore.open_group(path, group=group, **options)}
+            opened = {group or "/": ZarrStore.open_group(path, group=group, **options)}
     except StoreError:
         raise
     except ImportError as exc:  # a remote protocol whose fsspec filesystem is not installed
@@ -234,39 +287,30 @@ def _stores(
             f"cannot open {where}{path!r} as a Zarr store ({type(exc).__name__}: {exc}); "
             "check the path, the group and zarr_format"
         ) from exc
-    for store in stores.values():
-        store._cupy_xarray_containment = containment
-    return stores
+    return {key: KvikioStore(store, reads, containment) for key, store in opened.items()}
 
 
-def _read_options(device: Any, threads: Any, batch_bytes: Any, decode: str | None) -> dict:
-    """Check the engine's own options now (a wrong value fails at open, not at the first load)."""
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise ValueError(
-            f"threads must be a positive number of I/O threads, got {threads!r} (None: one per core, 4 to 32)"
-        )
-    if batch_bytes is not None and (
-        not isinstance(batch_bytes, int) or isinstance(batch_bytes, bool) or batch_bytes <= 0
-    ):
-        raise ValueError(
-            f"batch_bytes must be a positive number of bytes or None, got {batch_bytes!r} (default None: "
-            "chosen per read)"
-        )
+def _positive(name: str, value: Any, hint: str) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+        raise ValueError(f"{name} must be a positive number or None, got {value!r} ({hint})")
+
+
+def read_settings(device: Any, threads: Any, batch_bytes: Any, decode: str | None) -> ReadSettings:
+    """The engine's own keywords, checked now (a wrong value fails at open, not at the first
+    load), with the settings in effect."""
+    _positive("threads", threads, "I/O threads; None: one per core, 4 to 32")
+    _positive("batch_bytes", batch_bytes, "bytes; default None: chosen per read")
     if decode is not None:
         decode_choice(decode)
     if isinstance(device, str):
         resolved = resolve_device(device, threads)  # no GPU, no cupy: say so now
         if resolved.name == "gpu":
             start_gpu(resolved.xp)
-    return dict(device=device, threads=threads, batch_bytes=batch_bytes, decode=decode)
+    return ReadSettings(device, threads, batch_bytes, decode)
 
 
-def _dataset(store: KvikioStore, read: dict, decoding: dict):
+def _dataset(store: KvikioStore, decoding: dict):
     """The Dataset of one store's group, its variables read through the engine."""
-    store._cupy_xarray_device = read["device"]
-    store._cupy_xarray_threads = read["threads"]
-    store._cupy_xarray_batch_bytes = read["batch_bytes"]
-    store._cupy_xarray_decode = read["decode"]
     ds = StoreBackendEntrypoint().open_dataset(store, **decoding)
     for name, var in ds.variables.items():
         if name in ds.coords:
@@ -276,6 +320,31 @@ def _dataset(store: KvikioStore, read: dict, decoding: dict):
         else:
             var._data = device_agnostic(var._data)
     return ds
+
+
+#: every keyword of ``open_dataset`` with its default, in one table: CF decoding, opening
+#: the store (xarray's zarr engine's), the engine's reads, and two accepted to be refused
+DECODING = dict(
+    drop_variables=None,
+    mask_and_scale=True,
+    decode_times=True,
+    concat_characters=True,
+    decode_coords=True,
+    use_cftime=None,
+    decode_timedelta=None,
+)
+OPENING = dict(
+    group=None,
+    consolidated=None,
+    storage_options=None,
+    zarr_format=None,
+    use_zarr_fill_value_as_mask=None,
+    cache_members=True,
+    allow_external_links=False,
+)
+READS = dict(device="gpu", threads=None, batch_bytes=None, decode=None)
+CHECKED = dict(mode="r", store=None)
+KEYWORDS = {**DECODING, **OPENING, **READS, **CHECKED}
 
 
 def _check_zarr_only(mode: str, store: Any) -> None:
@@ -290,62 +359,28 @@ def _check_zarr_only(mode: str, store: Any) -> None:
         )
 
 
-def _prepare(
-    *,
-    device: Any = "gpu",
-    threads: int | None = None,
-    mask_and_scale: bool = True,
-    decode_times: Any = True,
-    concat_characters: bool = True,
-    decode_coords: Any = True,
-    drop_variables: str | Iterable[str] | None = None,
-    use_cftime: bool | None = None,
-    decode_timedelta: Any = None,
-    group: str | None = None,
-    consolidated: bool | None = None,
-    zarr_format: int | None = None,
-    storage_options: dict | None = None,
-    allow_external_links: bool = False,
-    batch_bytes: int | None = None,
-    decode: str | None = None,
-    use_zarr_fill_value_as_mask: bool | None = None,
-    cache_members: bool = True,
-    mode: str = "r",
-    store: Any = None,
-) -> tuple[dict, dict, dict]:
-    """The keywords of :meth:`KvikioBackendEntrypoint.open_dataset`, checked, as (the reads'
-    options, CF decoding, opening the store)."""
-    _check_zarr_only(mode, store)
-    read = _read_options(device, threads, batch_bytes, decode)
-    decoding = dict(
-        mask_and_scale=mask_and_scale,
-        decode_times=decode_times,
-        concat_characters=concat_characters,
-        decode_coords=decode_coords,
-        drop_variables=drop_variables,
-        use_cftime=use_cftime,
-        decode_timedelta=decode_timedelta,
-    )
-    opening = dict(
-        group=group,
-        consolidated=consolidated,
-        zarr_format=zarr_format,
-        storage_options=storage_options,
-        allow_external_links=allow_external_links,
-        use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
-        cache_members=cache_members,
-    )
-    return read, decoding, opening
+def _prepare(kwargs: dict) -> tuple[dict, dict]:
+    """The keywords of :meth:`KvikioBackendEntrypoint.open_dataset` (:data:`KEYWORDS`),
+    checked, as (opening the store, with its reads' settings; CF decoding)."""
+    kwargs.pop("engine", None)
+    unknown = sorted(set(kwargs) - set(KEYWORDS))
+    if unknown:
+        raise TypeError(f"engine='kvikio' got unknown keyword(s) {', '.join(map(repr, unknown))}")
+    given = {**KEYWORDS, **kwargs}
+    _check_zarr_only(given["mode"], given["store"])
+    opening = {k: given[k] for k in OPENING}
+    opening["reads"] = read_settings(*(given[k] for k in READS))
+    return opening, {k: given[k] for k in DECODING}
 
 
 def open_kvikio_dataset(filename_or_obj: Any, **kwargs: Any):
     """Open one group of a Zarr store lazily; variables load through the engine (the keywords
     of :meth:`KvikioBackendEntrypoint.open_dataset`)."""
-    read, decoding, opening = _prepare(**kwargs)
+    opening, decoding = _prepare(kwargs)
 
     def build():
         (one,) = _stores(filename_or_obj, tree=False, **opening).values()
-        return _dataset(one, read, decoding)
+        return _dataset(one, decoding)
 
     return _user_warnings(build)
 
@@ -355,16 +390,14 @@ def open_kvikio_groups(filename_or_obj: Any, **kwargs: Any) -> dict[str, Any]:
     ``group``, ``"/"`` for it), with the keywords of :func:`open_kvikio_dataset`."""
     from xarray.core.treenode import NodePath
 
-    read, decoding, opening = _prepare(**kwargs)
+    opening, decoding = _prepare(kwargs)
     group = opening["group"]
     parent = "/" + (group or "").strip("/")
 
     def build():
         stores = _stores(filename_or_obj, tree=True, **opening)
         return {
-            str(NodePath(path).relative_to(parent)) if group else str(NodePath(path)): _dataset(
-                s, read, decoding
-            )
+            str(NodePath(path).relative_to(parent)) if group else str(NodePath(path)): _dataset(s, decoding)
             for path, s in stores.items()
         }
 
@@ -387,63 +420,16 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         "Open Zarr stores into GPU memory (cupy) with kvikio and nvCOMP; device='cpu' for NumPy "
         "through the same engine"
     )
-    url = "https://github.com/xarray-contrib/cupy-xarray/blob/main/docs/engine.md"
     supports_groups = True
-    open_dataset_parameters = (
-        "filename_or_obj",
-        "drop_variables",
-        "mask_and_scale",
-        "decode_times",
-        "concat_characters",
-        "decode_coords",
-        "use_cftime",
-        "decode_timedelta",
-        "group",
-        "mode",
-        "consolidated",
-        "storage_options",
-        "zarr_format",
-        "store",
-        "engine",
-        "use_zarr_fill_value_as_mask",
-        "cache_members",
-        "device",
-        "threads",
-        "allow_external_links",
-        "batch_bytes",
-        "decode",
-    )
+    open_dataset_parameters = ("filename_or_obj", *KEYWORDS, "engine")
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
         return False  # only when asked for by name; ".zarr" stays with the zarr engine
 
-    def open_dataset(  # type: ignore[override]
-        self,
-        filename_or_obj: Any,
-        *,
-        drop_variables: str | Iterable[str] | None = None,
-        mask_and_scale: bool = True,
-        decode_times: Any = True,
-        concat_characters: bool = True,
-        decode_coords: Any = True,
-        use_cftime: bool | None = None,
-        decode_timedelta: Any = None,
-        group: str | None = None,
-        mode: str = "r",
-        consolidated: bool | None = None,
-        storage_options: dict | None = None,
-        zarr_format: int | None = None,
-        store: Any = None,
-        engine: Any = None,
-        use_zarr_fill_value_as_mask: bool | None = None,
-        cache_members: bool = True,
-        device: Any = "gpu",
-        threads: int | None = None,
-        allow_external_links: bool = False,
-        batch_bytes: int | None = None,
-        decode: str | None = None,
-    ):
+    def open_dataset(self, filename_or_obj: Any, **kwargs: Any):  # type: ignore[override]
         """Open one group of a Zarr store lazily, its variables read by the engine.
+
+        Every keyword is optional, with the default :data:`KEYWORDS` gives it.
 
         Parameters
         ----------
@@ -476,29 +462,7 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
         xarray.Dataset
             Lazy; data variables load onto ``device``, coordinates onto the host.
         """
-        return open_kvikio_dataset(
-            filename_or_obj,
-            device=device,
-            threads=threads,
-            mask_and_scale=mask_and_scale,
-            decode_times=decode_times,
-            concat_characters=concat_characters,
-            decode_coords=decode_coords,
-            drop_variables=drop_variables,
-            use_cftime=use_cftime,
-            decode_timedelta=decode_timedelta,
-            group=group,
-            consolidated=consolidated,
-            zarr_format=zarr_format,
-            storage_options=storage_options,
-            allow_external_links=allow_external_links,
-            batch_bytes=batch_bytes,
-            decode=decode,
-            use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
-            cache_members=cache_members,
-            mode=mode,
-            store=store,
-        )
+        return open_kvikio_dataset(filename_or_obj, **kwargs)
 
     def open_groups_as_dict(self, filename_or_obj: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         """Every group at or below ``group`` as a lazy Dataset (keywords of :meth:`open_dataset`)."""
@@ -511,8 +475,6 @@ class KvikioBackendEntrypoint(BackendEntrypoint):
 
         return datatree_from_dict_with_io_cleanup(self.open_groups_as_dict(filename_or_obj, **kwargs))
 
-
-chunked.install()  # dask chunks of engine arrays keep the device's meta
 
 __all__ = [
     "KvikioBackendArray",

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import StoreError
+from .options import get_options
 
-#: largest decoded chunk (or inner chunk) the engine will allocate; ``CUPY_XARRAY_MAX_CHUNK_BYTES``
-MAX_CHUNK_BYTES = int(os.environ.get("CUPY_XARRAY_MAX_CHUNK_BYTES", 2**32))
 #: most inner chunks one shard may index (2**24 entries are a 256 MiB index)
 MAX_CHUNKS_PER_SHARD = 2**24
 #: largest metadata document read (zarr.json, .zarray, .zmetadata ...)
@@ -272,10 +271,12 @@ def check_array(array: Any, name: str, containment: Containment | None) -> None:
     if chunks is None:
         return
     nbytes = math.prod(chunks) * itemsize
-    if nbytes > MAX_CHUNK_BYTES:
+    most = get_options().max_chunk_bytes
+    if nbytes > most:
         raise UnsafeStoreError(
-            f"{where}: chunk shape {chunks} is {nbytes} bytes decoded, more than the {MAX_CHUNK_BYTES} "
-            "allowed per chunk (raise CUPY_XARRAY_MAX_CHUNK_BYTES if the store is genuine)",
+            f"{where}: chunk shape {chunks} is {nbytes} bytes decoded, more than the {most} "
+            "allowed per chunk (raise set_options(max_chunk_bytes=...) or CUPY_XARRAY_MAX_CHUNK_BYTES if "
+            "the store is genuine)",
             key=name,
         )
     if shards:

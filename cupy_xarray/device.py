@@ -10,36 +10,21 @@ orchestration runs in CI on the CPU and on the GPU.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .errors import MissingGPUPackageError, NoGPUError
+from .errors import EXTRA_HINT, MissingGPUPackageError, NoGPUError
+from .options import get_options
 
-_EXTRA_HINT = (
-    "install the GPU extra for your CUDA major version: pip install 'cupy-xarray[cuda13]' (or [cuda12])"
-)
 _CPU_HINT = "pass device='cpu' (or use .cupy.as_numpy()) to stay on the CPU"
 
 
 def default_threads() -> int:
-    """I/O threads used when none are asked for.
-
-    ``CUPY_XARRAY_THREADS`` wins; otherwise one per core, between 4 and 32 (kvikio's own
-    default of one thread is about 8x slower on an H200 host than 16).
-    """
-    env = os.environ.get("CUPY_XARRAY_THREADS")
-    if env:
-        return max(1, int(env))
-    return min(32, max(4, _cores()))
-
-
-@functools.cache
-def _cores() -> int:
-    return os.cpu_count() or 4  # asked once: every read resolves its device
+    """I/O threads used when none are asked for (:meth:`.options.Options.io_threads`)."""
+    return get_options().io_threads()
 
 
 def import_cupy():
@@ -47,7 +32,7 @@ def import_cupy():
     try:
         import cupy
     except ImportError as exc:  # pragma: no cover - depends on the machine
-        raise MissingGPUPackageError(f"cupy is not installed; {_EXTRA_HINT}") from exc
+        raise MissingGPUPackageError(f"cupy is not installed; {EXTRA_HINT}") from exc
     return cupy
 
 

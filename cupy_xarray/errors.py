@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+#: what to install for GPU reads (named by every error about a missing GPU package)
+EXTRA_HINT = (
+    "install the GPU extra for your CUDA major version: pip install 'cupy-xarray[cuda13]' (or [cuda12])"
+)
+
 
 class CupyXarrayError(Exception):
     """Base class of the package's own errors."""

@@ -64,3 +64,20 @@ def run_in_threads(work, count: int) -> list[BaseException]:
     for t in threads:
         t.join()
     return errors
+
+
+@pytest.fixture
+def options():
+    """``options(name=value, ...)`` changes cupy_xarray's settings for the rest of the test
+    (:func:`cupy_xarray.set_options`); they are restored afterwards."""
+    from cupy_xarray import set_options
+
+    changes = []
+
+    def change(**kwargs):
+        changes.append(set_options(**kwargs))
+        return changes[-1].options
+
+    yield change
+    for c in reversed(changes):
+        c.__exit__(None, None, None)

@@ -235,7 +235,7 @@ def test_batches_checked_ahead(tmp_path, device, decode):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cname, shuffle", [("lz4", "shuffle"), ("lz4", "bitshuffle")])
-def test_nvcomp_c_and_python_apis_agree(tmp_path, monkeypatch, cname, shuffle):
+def test_nvcomp_c_and_python_apis_agree(tmp_path, options, cname, shuffle):
     """Blosc streams decoded through nvCOMP's C API (the default) and its Python API
     (``CUPY_XARRAY_NVCOMP_C=0``) give zarr's values exactly."""
     arr = zarr.create_array(
@@ -246,7 +246,7 @@ def test_nvcomp_c_and_python_apis_agree(tmp_path, monkeypatch, cname, shuffle):
     dev = resolve_device("gpu")
     assert dev.codecs.batched(cname) is not None, "nvCOMP's C API is not usable here"
     (c_api,) = read_arrays([(array_spec(arr), (slice(None),))], dev)
-    monkeypatch.setenv("CUPY_XARRAY_NVCOMP_C", "0")
+    options(nvcomp_c=False)
     assert dev.codecs.batched(cname) is None
     (py_api,) = read_arrays([(array_spec(arr), (slice(None),))], dev)
     np.testing.assert_array_equal(host(c_api), arr[...])

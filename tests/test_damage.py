@@ -483,15 +483,19 @@ def test_lz4_walk_kernel_equals_the_host(count, longest):
 # ---------------------------------------------------------------- where chunks are decoded
 
 
-def test_decode_choice_rules(monkeypatch):
+def test_decode_choice_rules(options):
+    from cupy_xarray import set_options
     from cupy_xarray.engine.decoders import decode_choice, decodes_on_gpu
+    from cupy_xarray.options import from_environment
 
     assert decode_choice() == "auto"
-    monkeypatch.setenv("CUPY_XARRAY_DECODE", "cpu")
+    options(decode="cpu")
     assert decode_choice() == "cpu" and decode_choice("gpu") == "gpu"
-    monkeypatch.setenv("CUPY_XARRAY_DECODE", "fast")
+    assert from_environment({"CUPY_XARRAY_DECODE": "gpu"}).decode == "gpu"
     with pytest.raises(ValueError, match="CUPY_XARRAY_DECODE"):
-        decode_choice()
+        from_environment({"CUPY_XARRAY_DECODE": "fast"})
+    with pytest.raises(ValueError, match="'auto', 'gpu' or 'cpu'"):
+        set_options(decode="fast")
     with pytest.raises(ValueError, match="'auto', 'gpu' or 'cpu'"):
         decode_choice("nvcomp")
     # auto: nvCOMP only where its output is checked or its input proven

@@ -184,15 +184,16 @@ def test_many_arrays_one_call(tmp_path, device):
 
 def test_direct_reads_land_in_output(tmp_path):
     """Whole row-chunks of an uncompressed array are read straight into the output."""
-    from cupy_xarray.engine import reader
+    from cupy_xarray.engine.locate import locate
+    from cupy_xarray.engine.place import plan_direct
 
     a = zarr.create_array(tmp_path / "a.zarr", shape=(40, 6), chunks=(8, 6), dtype="f4", compressors=None)
     a[:] = _data("f4", (40, 6))
     spec = array_spec(a)
     pieces = plan_chunks(normalize_selection((slice(None),), a.shape), a.shape, spec.chunks)
-    tasks, missing = reader._locate(spec, pieces, 0)
+    tasks, missing = locate(spec, pieces, 0)
     for t in tasks:
-        reader._plan_direct(t, a.shape)
+        plan_direct(t, a.shape)
     assert missing == 0 and all(t.direct is not None for t in tasks)
     (got,) = read_arrays([(spec, (slice(None),))], resolve_device("cpu"))
     np.testing.assert_array_equal(got, a[:])
@@ -214,8 +215,7 @@ def test_direct_reads_land_in_output(tmp_path):
 def test_whole_chunks_decode_into_the_output(tmp_path, device, comp, route, monkeypatch):
     """Whole row-chunks are decoded straight into the output: no copy afterwards, a missing
     chunk keeps the fill value, and ragged or partial chunks still take the copy path."""
-    from cupy_xarray.engine import host as host_route
-    from cupy_xarray.engine import reader
+    from cupy_xarray.engine import place
     from cupy_xarray.engine.schedule import Scheduler
 
     if route == "host" and device == "gpu":
@@ -230,10 +230,8 @@ def test_whole_chunks_decode_into_the_output(tmp_path, device, comp, route, monk
     spec = array_spec(a)
     assert not spec.fallback
     copies = []
-    real_copy = reader._copy_bytes
-    monkeypatch.setattr(reader, "_copy_bytes", lambda *args: copies.append(args) or real_copy(*args))
-    real_place = host_route._place_host
-    monkeypatch.setattr(host_route, "_place_host", lambda *args: copies.append(args) or real_place(*args))
+    real_copy = place.copy_bytes  # every copy of decoded bytes into the output, on both routes
+    monkeypatch.setattr(place, "copy_bytes", lambda *args: copies.append(args) or real_copy(*args))
     dev = resolve_device(device)
     sched = Scheduler(force=route)
     for batch_bytes in (200, 2**30):  # one chunk per batch; all in one (mixed) batch
@@ -267,15 +265,15 @@ def test_batches_are_even_and_bounded():
     """Batches split the bytes about evenly, none far above the limit, within the op cap."""
     from types import SimpleNamespace
 
-    from cupy_xarray.engine import reader
+    from cupy_xarray.engine.batches import batches
 
     recipe = SimpleNamespace(nbytes=100, bytes_codecs=("zstd",))
     tasks = [SimpleNamespace(direct=None, target=None, nbytes=40, spec=SimpleNamespace(recipe=recipe))] * 41
-    sizes = [len(b) * 100 for b in reader._batches(tasks, 1000)]
+    sizes = [len(b) * 100 for b in batches(tasks, 1000)]
     assert len(sizes) == 5 and max(sizes) - min(sizes) <= 100 and sum(sizes) == 4100
     landing = [SimpleNamespace(direct=None, target=object(), nbytes=40, spec=t.spec) for t in tasks]
-    assert len(reader._batches(landing, 1000)) == 2  # only the stored 40 bytes count
-    assert [len(b) for b in reader._batches(tasks, 10**9)] == [41]
+    assert len(batches(landing, 1000)) == 2  # only the stored 40 bytes count
+    assert [len(b) for b in batches(tasks, 10**9)] == [41]
 
 
 # -- planning, pure Python -------------------------------------------------------------------
@@ -485,20 +483,21 @@ def test_a_one_chunk_gpu_read_needs_no_pinned_twin(tmp_path, monkeypatch):
     """A GPU read of one piece whose bytes are one run of the output (a dask task of one
     stored chunk) is read into the thread's own pinned buffer and copied once: no pinned twin
     of the output is allocated per read. A read of several pieces is still assembled in one."""
-    from cupy_xarray.engine.decoders import batch
+    from cupy_xarray.engine import buffers, place
 
     data = (np.arange(8 * 64 * 64, dtype="float32") % 1013).reshape(8, 64, 64)
     a = zarr.create_array(tmp_path / "a.zarr", data=data, chunks=(2, 64, 64), compressors=None)
     spec, dev = array_spec(a, name="v"), resolve_device("gpu")
     read_arrays([(spec, (slice(0, 2),))], dev)  # the thread's own buffers, made once
     made = []
-    allocate = batch.pinned_buffer
+    allocate = buffers.pinned_buffer
 
     def counted(nbytes):
         made.append(nbytes)
         return allocate(nbytes)
 
-    monkeypatch.setattr(batch, "pinned_buffer", counted)
+    monkeypatch.setattr(buffers, "pinned_buffer", counted)  # the threads' own buffers
+    monkeypatch.setattr(place, "pinned_buffer", counted)  # twins of small outputs
     for k in range(4):
         (got,) = read_arrays([(spec, (slice(2 * k, 2 * k + 2),))], dev)
         np.testing.assert_array_equal(host(got), data[2 * k : 2 * k + 2])

@@ -338,9 +338,10 @@ def test_staging_alive_at_once_is_two_batches_worth(tmp_path, device, compressor
     import contextlib
     import weakref
 
+    from cupy_xarray import get_options
     from cupy_xarray.device import cpu_device, gpu_device
-    from cupy_xarray.engine import array_spec, read_arrays, reader
-    from cupy_xarray.engine.reader import UNCOMPRESSED_DEPTH
+    from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.read import RUNNING, Clock
     from cupy_xarray.engine.schedule import Scheduler
 
     dev = gpu_device(2) if device == "gpu" else cpu_device(2)
@@ -365,12 +366,12 @@ def test_staging_alive_at_once_is_two_batches_worth(tmp_path, device, compressor
     request = (array_spec(a, name="v"), (slice(None),) * 3)
     batch = 16 * 1024
     # another read counted as running (as dask's tasks are, side by side)
-    beside = reader._running(reader._Clock(dev)) if crowded else contextlib.nullcontext()
+    beside = RUNNING.running(Clock(dev)) if crowded else contextlib.nullcontext()
     with beside:
         (got,) = read_arrays([request], dev, batch_bytes=batch, scheduler=Scheduler(force="batch"))
     np.testing.assert_array_equal(host(got), data)
     assert len(alive) >= 8, len(alive)  # many batches, each with its own staging
-    depth = 2 if compressors or crowded else UNCOMPRESSED_DEPTH
+    depth = 2 if compressors or crowded else get_options().uncompressed_depth
     assert most[0] <= depth, f"{most[0]} batches' staging alive at once"
     chunk = 32 * 32 * 4  # a batch may pass its share by up to one chunk
     assert most[1] <= 2 * batch + depth * chunk, f"{most[1]} bytes of staging alive at once"
@@ -383,7 +384,7 @@ def test_a_reads_staging_buffers_are_one_size(tmp_path, monkeypatch, device, com
     before it would be carved out of the block a decode's output was freed from, which then
     no longer fits the next output, and the memory pool would grow by it."""
     from cupy_xarray.device import cpu_device, gpu_device
-    from cupy_xarray.engine import array_spec, read_arrays, reader
+    from cupy_xarray.engine import array_spec, execute, read_arrays
     from cupy_xarray.engine.schedule import Scheduler
 
     dev = gpu_device(2) if device == "gpu" else cpu_device(2)
@@ -394,14 +395,14 @@ def test_a_reads_staging_buffers_are_one_size(tmp_path, monkeypatch, device, com
         data[i].flat[rng.choice(64 * 64, n, replace=False)] = rng.random(n)
     a = zarr.create_array(tmp_path / "s.zarr", data=data, chunks=(1, 32, 32), compressors=compressors)
     seen: list[tuple[int, int]] = []  # per batch: its stored bytes, its staging buffer's size
-    submit = reader._submit
+    submit = execute._submit
 
-    def tracked(session, batch, outs, device, *args):
-        waiter = submit(session, batch, outs, device, *args)
+    def tracked(session, batch, *args):
+        waiter = submit(session, batch, *args)
         seen.append((sum(t.nbytes for t in batch), len(batch[0].staging)))
         return waiter
 
-    monkeypatch.setattr(reader, "_submit", tracked)
+    monkeypatch.setattr(execute, "_submit", tracked)
     request = (array_spec(a, name="v"), (slice(None),) * 3)
     (got,) = read_arrays([request], dev, batch_bytes=12 * 1024, scheduler=Scheduler(force="batch"))
     np.testing.assert_array_equal(host(got), data)
@@ -477,7 +478,7 @@ def test_small_cpu_reads_run_on_the_calling_thread(tmp_path, monkeypatch):
     assert len(threads) == 8 and threading.main_thread() not in threads  # 2 MiB: the pool's threads
 
 
-def test_small_selections_of_large_chunks_are_read_on_the_calling_thread(tmp_path, monkeypatch):
+def test_small_selections_of_large_chunks_are_read_on_the_calling_thread(tmp_path, monkeypatch, options):
     """What a host-route read with nothing else to wait for keeps on the calling thread is
     counted by the bytes it reads of each chunk (a small window of a 4 MiB chunk reads a
     span of it), not by the chunks' sizes; a window spanning more goes to the pool."""
@@ -493,7 +494,8 @@ def test_small_selections_of_large_chunks_are_read_on_the_calling_thread(tmp_pat
     np.testing.assert_array_equal(ds.v[small].values, data[small])
     assert threads == [threading.main_thread()] * 4
     threads.clear()
-    monkeypatch.setattr(host, "INLINE_BYTES", 64 * 1024)  # less than the four spans together
+    options(inline_bytes=64 * 1024)  # less than the four spans together
+    ds = xr.open_dataset(tmp_path / "s.zarr", engine="kvikio", device="cpu")  # reads with it
     np.testing.assert_array_equal(ds.v[small].values, data[small])
     assert len(threads) == 4 and threading.main_thread() not in threads
 

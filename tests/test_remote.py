@@ -13,8 +13,11 @@ from conftest import expected_type, module_of, run_in_threads
 from loopback import HTTPStores, S3Stores
 
 import cupy_xarray
+from cupy_xarray import get_options
 from cupy_xarray.containment import UnsafeStoreError
 from cupy_xarray.engine import remote
+from cupy_xarray.engine import waves as waves_module
+from cupy_xarray.engine.schedule import lands_pinned
 from cupy_xarray.errors import ChunkError, StoreError
 
 pytest.importorskip("aiohttp")
@@ -105,8 +108,8 @@ def s3(local_store):
 
 
 @pytest.fixture(autouse=True)
-def quick_retries(monkeypatch):
-    monkeypatch.setattr(remote, "BACKOFF_S", 0.01)
+def quick_retries(monkeypatch, options):
+    options(remote_backoff=0.01)
 
 
 def _check_same(url, device, **options):
@@ -137,21 +140,21 @@ def test_http_store_identical_to_zarr(http, device):
     _check_same(f"{http.url}/s.zarr", device)
 
 
-def test_http_store_through_the_stores_own_client(http, monkeypatch, device):
+def test_http_store_through_the_stores_own_client(http, monkeypatch, device, options):
     """Plain HTTP(S) stores are fetched on threads; with that off, through fsspec's client."""
     from cupy_xarray.engine.http import HTTPFetcher
 
     url = f"{http.url}/s.zarr"
     ds = xr.open_dataset(url, engine="kvikio", device=device)
     assert isinstance(ds.zstd.variable._data.array.array.array.spec.source.http, HTTPFetcher)
-    monkeypatch.setattr(remote, "THREADED_HTTP", False)
+    options(threaded_http=False)
     ds = xr.open_dataset(url, engine="kvikio", device=device)
     assert ds.zstd.variable._data.array.array.array.spec.source.http is None
     xr.testing.assert_identical(ds.load().cupy.as_numpy(), xr.open_dataset(url, engine="zarr").load())
     # options only fsspec's client knows keep its fetches
     opts = {"client_kwargs": {"trust_env": False}}
     ds = xr.open_dataset(url, engine="kvikio", device=device, storage_options=opts)
-    monkeypatch.setattr(remote, "THREADED_HTTP", True)
+    options(threaded_http=True)
     ds = xr.open_dataset(url, engine="kvikio", device=device, storage_options=opts)
     assert ds.zstd.variable._data.array.array.array.spec.source.http is None
     xr.testing.assert_identical(ds.load().cupy.as_numpy(), xr.open_dataset(url, engine="zarr").load())
@@ -313,12 +316,12 @@ def test_https_with_the_systems_certificates(local_store, tmp_path, device):
     assert done.returncode == 0 and "identical" in done.stdout, done.stderr[-2000:]
 
 
-def test_connections_the_server_closed_are_replaced_at_once(http, monkeypatch):
+def test_connections_the_server_closed_are_replaced_at_once(http, monkeypatch, options):
     """A kept-alive connection the server has closed costs a new connection, not a retry."""
     import time
 
-    monkeypatch.setattr(remote, "BACKOFF_S", 2.0)  # a retry would show
-    monkeypatch.setattr(remote, "RETRIES", 0)
+    options(remote_backoff=2.0)  # a retry would show
+    options(remote_retries=0)
     url = f"{http.url}/s.zarr"
     want = xr.open_dataset(url, engine="zarr").tiles.load()
     ds = xr.open_dataset(url, engine="kvikio", device="cpu", cache=False)
@@ -334,7 +337,7 @@ def test_connections_the_server_closed_are_replaced_at_once(http, monkeypatch):
         http.faults.clear()
 
 
-def test_a_persistent_failure_names_the_object(http, monkeypatch):
+def test_a_persistent_failure_names_the_object(http, monkeypatch, options):
     url = f"{http.url}/s.zarr"
     ds = xr.open_dataset(url, engine="kvikio", device="cpu")
     http.faults["/zstd/c/0/1/2"] = ["503"] * 20
@@ -344,7 +347,7 @@ def test_a_persistent_failure_names_the_object(http, monkeypatch):
             ds.zstd.load()
     finally:
         http.faults.clear()
-    assert sum(r[1].endswith("/zstd/c/0/1/2") for r in http.requests) == remote.RETRIES + 1
+    assert sum(r[1].endswith("/zstd/c/0/1/2") for r in http.requests) == get_options().remote_retries + 1
 
 
 def test_a_range_the_server_ignores_is_never_used(http):
@@ -364,10 +367,10 @@ def test_a_range_the_server_ignores_is_never_used(http):
     )  # the same every time: not retried
 
 
-def test_timeouts_are_retried_then_named(http, monkeypatch):
+def test_timeouts_are_retried_then_named(http, monkeypatch, options):
     url = f"{http.url}/s.zarr"
-    monkeypatch.setattr(remote, "TIMEOUT_S", 0.3)
-    monkeypatch.setattr(remote, "RETRIES", 1)
+    options(remote_timeout=0.3)
+    options(remote_retries=1)
     http.stall_s = 1.0
     ds = xr.open_dataset(url, engine="kvikio", device="cpu", cache=False)
     want = xr.open_dataset(url, engine="zarr").tiles.load()
@@ -410,9 +413,9 @@ def test_truncated_objects_are_refused(tmp_path, device):
 
 
 @pytest.mark.parametrize("threaded", [True, False])
-def test_an_object_larger_than_any_chunk_is_refused(tmp_path, monkeypatch, device, threaded):
+def test_an_object_larger_than_any_chunk_is_refused(tmp_path, monkeypatch, device, threaded, options):
     """A server's answer cannot make the engine hold more than a chunk can be stored in."""
-    monkeypatch.setattr(remote, "THREADED_HTTP", threaded)
+    options(threaded_http=threaded)
     store = _write(tmp_path)
     with open(os.path.join(store, "zstd", "c", "0", "0", "1"), "wb") as f:
         f.write(os.urandom(400_000))  # chunks of (4, 16, 12) float32: 3072 bytes decoded
@@ -545,12 +548,11 @@ def test_fetched_bytes_are_read_where_they_landed(http, monkeypatch, device):
 
 
 @pytest.mark.parametrize("wave", [1, 40_000, 200_000])
-def test_large_reads_fetch_in_waves(tmp_path, monkeypatch, device, wave):
+def test_large_reads_fetch_in_waves(tmp_path, monkeypatch, device, wave, options):
     """Reads larger than a wave are fetched wave by wave while earlier waves decode: the same
     result, missing chunks filled, shard indexes fetched once, small outputs over many chunks."""
-    from cupy_xarray.engine import reader
 
-    monkeypatch.setattr(reader, "WAVE_BYTES", wave)
+    options(wave_bytes=wave)
     store = _write(tmp_path)
     os.remove(os.path.join(store, "zstd", "c", "1", "0", "0"))
     os.remove(os.path.join(store, "sharded", "c", "1", "0", "0"))
@@ -568,7 +570,7 @@ def test_large_reads_fetch_in_waves(tmp_path, monkeypatch, device, wave):
         xr.testing.assert_identical(ds.sharded.compute().cupy.as_numpy(), want.sharded)
         assert not [r for r in server.requests if (r[2] or "").startswith("bytes=-")]  # kept
         # a table of kept indexes smaller than the read's shards: refilled, never misread
-        monkeypatch.setattr(remote, "MAX_CACHED_INDEXES", 2)
+        options(max_cached_indexes=2)
         fresh = xr.open_dataset(url, engine="kvikio", device=device, cache=False)
         for _ in range(2):
             xr.testing.assert_identical(fresh.sharded.compute().cupy.as_numpy(), want.sharded)
@@ -577,16 +579,15 @@ def test_large_reads_fetch_in_waves(tmp_path, monkeypatch, device, wave):
         xr.testing.assert_identical(ds.isel(sel).compute().cupy.as_numpy(), want.isel(sel))
 
 
-def test_decode_gpu_reads_fetch_in_larger_waves(http, monkeypatch, device):
+def test_decode_gpu_reads_fetch_in_larger_waves(http, monkeypatch, device, options):
     """decode="gpu" on a GPU gives nvCOMP waves of the batch size (more streams per call);
     a CPU read keeps the waves it has whatever ``decode`` says."""
-    from cupy_xarray.engine import reader
 
-    monkeypatch.setattr(reader, "WAVE_BYTES", 40_000)
-    monkeypatch.setattr(reader, "GPU_WAVE_BYTES", 200_000)
+    options(wave_bytes=40_000)
+    options(gpu_wave_bytes=200_000)
     waves: list[int] = []
-    fetch_wave = reader._fetch_wave
-    monkeypatch.setattr(reader, "_fetch_wave", lambda wave, *a: waves.append(1) or fetch_wave(wave, *a))
+    fetch_wave = waves_module.fetch_wave
+    monkeypatch.setattr(waves_module, "fetch_wave", lambda wave, *a: waves.append(1) or fetch_wave(wave, *a))
     url = f"{http.url}/s.zarr"
     want = xr.open_dataset(url, engine="zarr").zstd.load()
     counts = {}
@@ -602,10 +603,9 @@ def test_decode_gpu_reads_fetch_in_larger_waves(http, monkeypatch, device):
         assert counts["gpu"] == counts["auto"]
 
 
-def test_a_failure_in_a_later_wave_is_raised(http, monkeypatch, device):
-    from cupy_xarray.engine import reader
+def test_a_failure_in_a_later_wave_is_raised(http, monkeypatch, device, options):
 
-    monkeypatch.setattr(reader, "WAVE_BYTES", 20_000)
+    options(wave_bytes=20_000)
     url = f"{http.url}/s.zarr"
     ds = xr.open_dataset(url, engine="kvikio", device=device, cache=False)
     http.faults["/zstd/c/5/2/2"] = ["403"]
@@ -652,8 +652,8 @@ def test_large_objects_placed_in_boxes_identical_to_zarr(large_bodies, device):
 
 
 @pytest.mark.parametrize("fault", ["short", "stall-body", "reset"])
-def test_large_bodies_cut_or_stalled_are_retried(large_bodies, monkeypatch, device, fault):
-    monkeypatch.setattr(remote, "TIMEOUT_S", 0.3)
+def test_large_bodies_cut_or_stalled_are_retried(large_bodies, monkeypatch, device, fault, options):
+    options(remote_timeout=0.3)
     large_bodies.stall_s = 1.0
     url = large_bodies.url_of
     want = xr.open_dataset(url, engine="zarr").load()
@@ -669,9 +669,9 @@ def test_large_bodies_cut_or_stalled_are_retried(large_bodies, monkeypatch, devi
         assert sum(r[1].endswith(key) for r in large_bodies.requests) == 2, key
 
 
-def test_a_body_that_stalls_every_time_is_named(large_bodies, monkeypatch):
-    monkeypatch.setattr(remote, "TIMEOUT_S", 0.3)
-    monkeypatch.setattr(remote, "RETRIES", 1)
+def test_a_body_that_stalls_every_time_is_named(large_bodies, monkeypatch, options):
+    options(remote_timeout=0.3)
+    options(remote_retries=1)
     large_bodies.stall_s = 1.0
     ds = xr.open_dataset(large_bodies.url_of, engine="kvikio", device="cpu")
     large_bodies.faults["/raw/c/3/0/0"] = ["stall-body", "stall-body"]
@@ -702,11 +702,10 @@ def test_what_lands_in_pinned_memory(codecs, decode, pinned):
     to the host."""
     from types import SimpleNamespace
 
-    from cupy_xarray.engine import reader
 
     spec = SimpleNamespace(recipe=SimpleNamespace(bytes_codecs=codecs))
-    assert reader._lands_pinned(spec, SimpleNamespace(name="gpu"), decode) is pinned
-    assert reader._lands_pinned(spec, SimpleNamespace(name="cpu"), decode) is False
+    assert lands_pinned(spec, SimpleNamespace(name="gpu"), decode) is pinned
+    assert lands_pinned(spec, SimpleNamespace(name="cpu"), decode) is False
 
 
 def test_only_the_threaded_fetcher_lands_bytes_pinned(http, tmp_path):

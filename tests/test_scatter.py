@@ -9,8 +9,9 @@ from conftest import host
 
 from cupy_xarray.engine import scatter
 from cupy_xarray.engine.plan import normalize_selection, output_shape, plan_chunks
-from cupy_xarray.engine.scatter import BOX_MAX_COPIES, box_copies, place_chunk
+from cupy_xarray.engine.scatter import box_copies, place_chunk
 from cupy_xarray.engine.spec import ChunkRecipe
+from cupy_xarray.options import get_options
 
 
 def _apply(copies, src: bytes, out: np.ndarray) -> None:
@@ -48,10 +49,9 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize("shape, chunks, dtype", LAYOUTS)
-def test_box_copies_place_what_the_scatter_places(shape, chunks, dtype, monkeypatch):
+def test_box_copies_place_what_the_scatter_places(shape, chunks, dtype, options):
     # the geometry, whatever the limits on copies and row widths
-    monkeypatch.setattr(scatter, "BOX_MAX_COPIES", 10**9)
-    monkeypatch.setattr(scatter, "BOX_MIN_ROW", 0)
+    options(box_max_copies=10**9, box_min_row=0)
     rng = np.random.default_rng(len(shape))
     recipe = ChunkRecipe(shape=chunks, dtype=np.dtype(dtype))
     src = np.frombuffer(rng.integers(0, 100, size=chunks).astype(dtype).tobytes(), np.uint8)
@@ -115,7 +115,7 @@ def test_narrow_rows_and_many_copies_are_left_to_the_scatter():
     assert box_copies(recipe, piece, (20, 3, 3, 256)) is None  # 20 copies of 3 rows
     sel = normalize_selection((slice(0, 4), slice(0, 3), slice(0, 3), slice(None)), shape)
     (piece,) = plan_chunks(sel, shape, chunks)
-    assert len(box_copies(recipe, piece, (4, 3, 3, 256))) == 4 <= BOX_MAX_COPIES
+    assert len(box_copies(recipe, piece, (4, 3, 3, 256))) == 4 <= get_options().box_max_copies
     # whole planes and rows fold into one copy: 40 rows of 3 KiB
     chunks = (40, 4, 256)
     recipe = ChunkRecipe(shape=chunks, dtype=np.dtype("f4"))
@@ -195,7 +195,7 @@ def test_batched_tiles_are_placed_by_boxes_alone(tmp_path, monkeypatch, device, 
     import zarr
 
     from cupy_xarray.device import resolve_device
-    from cupy_xarray.engine import array_spec, read_arrays, reader
+    from cupy_xarray.engine import array_spec, place, read_arrays
     from cupy_xarray.engine.schedule import Scheduler
 
     data = (np.arange(12 * 40 * 50, dtype="f4") % 251).reshape(12, 40, 50)
@@ -212,7 +212,7 @@ def test_batched_tiles_are_placed_by_boxes_alone(tmp_path, monkeypatch, device, 
         raise AssertionError("a piece was scattered on its own")
 
     monkeypatch.setattr(scatter.Boxes, "run", counted)
-    monkeypatch.setattr(reader, "place_chunk", refused)
+    monkeypatch.setattr(place, "place_chunk", refused)
     spec = array_spec(a, name="t")
     for k, sel in enumerate(
         [(slice(None),) * 3, (slice(2, 11), 5, slice(3, 47)), (1, slice(None), slice(20, 21))]

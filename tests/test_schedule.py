@@ -114,8 +114,8 @@ def test_split_balances_the_processors():
     assert r.host_seconds(np.array([8e9]), 16) == pytest.approx(8.0)  # one chunk: one thread
 
 
-def test_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUPY_XARRAY_CACHE", str(tmp_path))
+def test_rates_are_measured_once_and_cached(tmp_path, monkeypatch, options):
+    options(cache_dir=str(tmp_path))
     monkeypatch.setattr(sch, "_cache", {})
     calls = []
     real = sch.calibrate
@@ -128,7 +128,7 @@ def test_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
     assert key.endswith("|gzip") and stored[key]["host_thread"] == r.host_thread
     monkeypatch.setattr(sch, "_cache", {})  # a new process: the file answers
     assert sch.rates("gzip", cpu) == r and calls == ["gzip"]
-    monkeypatch.setenv("CUPY_XARRAY_CALIBRATE", "0")
+    options(calibrate=False)
     assert sch.rates("zstd", cpu) == sch.DEFAULT_RATES["zstd"] and calls == ["gzip"]
 
 
@@ -140,7 +140,7 @@ def test_calibration_keeps_the_nvcomp_figures_of_blosc_blocks():
     class Codecs:
         available = True
 
-        def decode(self, kind, srcs, expected, decode="auto"):
+        def decode(self, kind, srcs, expected, on_gpu=True):
             decoded.append((kind, len(srcs)))
 
     gpu = SimpleNamespace(name="gpu", xp=np, codecs=Codecs(), synchronize=lambda: None)
@@ -171,13 +171,16 @@ def sample_streams_one(kind):
 
 
 def test_a_read_reports_its_decisions(tmp_path):
-    from cupy_xarray.engine import reader
+    from cupy_xarray import record_reads
 
     a = _store(tmp_path, "zstd", (16, 64, 64), (4, 32, 32))
-    read_arrays([(array_spec(a), (slice(None),) * 3)], resolve_device("cpu"))
+    spec = array_spec(a)
+    with record_reads() as reports:
+        read_arrays([(spec, (slice(None),) * 3)], resolve_device("cpu"))
     # a CPU read has nothing to choose: no decision is recorded, every chunk on the host route
-    assert reader.last_read_decisions == []
-    assert reader.last_read_stats.get("host route", 0) > 0
+    (report,) = reports
+    assert report.decisions == [] and report.batches == 0 and report.arrays == [spec.name]
+    assert report.phases.get("host route", 0) > 0 and report.nbytes == a.nbytes
 
 
 # ------------------------------------------------- same values whichever route a chunk took
@@ -296,11 +299,11 @@ def test_concurrent_mixed_reads(tmp_path, device):
     assert not errors, errors[:3]
 
 
-def test_reads_refine_the_rates(tmp_path, monkeypatch):
+def test_reads_refine_the_rates(tmp_path, monkeypatch, options):
     """A read with one processor alone moves that processor's rate most of the way to what it
     measured (in memory and in the cache file); split reads, small chunks and schedulers given
     their rates leave the rates alone."""
-    monkeypatch.setenv("CUPY_XARRAY_CACHE", str(tmp_path))
+    options(cache_dir=str(tmp_path))
     monkeypatch.setattr(sch, "_cache", {})
     monkeypatch.setattr(sch, "calibrate", lambda kind, dev: Rates(1e9, 10e9, 1e9, 1e-3, True, host_pool=8e9))
     cpu = SimpleNamespace(name="cpu", threads=16, xp=np)
@@ -333,7 +336,7 @@ def test_reads_refine_the_rates(tmp_path, monkeypatch):
 def test_byte_span_holds_the_selection(seed):
     """Small selections of uncompressed chunks read only the bytes from their first element
     to their last."""
-    from cupy_xarray.engine.host import byte_span
+    from cupy_xarray.engine.plan import byte_span
 
     rng = np.random.default_rng(seed)
     shape = tuple(int(n) for n in rng.integers(1, 9, size=int(rng.integers(1, 4))))
@@ -381,45 +384,50 @@ def test_reads_beside_other_reads_teach_nothing(monkeypatch):
     """Timings of a read that ran beside another (dask's threads, yours) are not its own: the
     threads slowed each other down, and the rates would learn that one thread is slow."""
     from cupy_xarray.engine import host as host_route
-    from cupy_xarray.engine import reader
+    from cupy_xarray.engine.read import RUNNING, Clock
 
     taught = []
-    monkeypatch.setattr(reader, "learn", lambda *a, **k: taught.append(a))
+    monkeypatch.setattr(sch, "learn", lambda *a, **k: taught.append(a))
     (t,) = _tasks(("gzip",), 1)
     d = sch.Decision("a", "gzip", 0, 1, "", "gzip", id(t.spec.recipe), learns=True)
     jobs = host_route.Jobs()
     cpu = resolve_device("cpu")
-    clock = reader._Clock(cpu)
-    with reader._running(clock):
-        reader._learn([d], [t], GPU, clock, jobs)
+    clock = Clock(cpu)
+    with RUNNING.running(clock):
+        sch.learn_from([d], [t], GPU, clock, jobs)
     assert len(taught) == 1 and not clock.crowded
-    first, second = reader._Clock(cpu), reader._Clock(cpu)
-    with reader._running(first):
-        with reader._running(second):  # a second read starts while the first runs
+    first, second = Clock(cpu), Clock(cpu)
+    with RUNNING.running(first):
+        with RUNNING.running(second):  # a second read starts while the first runs
             pass
-        reader._learn([d], [t], GPU, first, jobs)
-    reader._learn([d], [t], GPU, second, jobs)
+        sch.learn_from([d], [t], GPU, first, jobs)
+    sch.learn_from([d], [t], GPU, second, jobs)
     assert first.crowded and second.crowded and len(taught) == 1
-    assert not reader._active
+    alone = Clock(cpu)
+    with RUNNING.running(alone):  # none is left running: a read alone again
+        pass
+    assert not alone.crowded
     # a remote read: the fetch threads shared the CPU with the decode
     fetched = SimpleNamespace(spec=t.spec, nbytes=t.nbytes, blob=np.zeros(4, np.uint8))
-    alone = reader._Clock(cpu)
-    with reader._running(alone):
-        reader._learn([d], [fetched], GPU, alone, jobs)
+    with RUNNING.running(alone):
+        sch.learn_from([d], [fetched], GPU, alone, jobs)
     assert len(taught) == 1
 
 
 def test_batch_size_is_chosen_per_read_unless_given():
-    from cupy_xarray.engine.reader import DEFAULT_BATCH_BYTES, _staging_limit
+    from cupy_xarray import get_options
+    from cupy_xarray.engine.batches import staging_limit
 
+    o = get_options()
+    most = o.default_batch_bytes
     gib = np.empty(0)  # outputs only count their bytes
     outs = [SimpleNamespace(nbytes=4 * 2**30), gib]
-    assert _staging_limit(outs, None, "auto") == 512 * 2**20  # an eighth of 4 GiB
-    assert _staging_limit([SimpleNamespace(nbytes=2**20)], None, "cpu") == 128 * 2**20
-    assert _staging_limit([SimpleNamespace(nbytes=2**40)], None, "auto") == DEFAULT_BATCH_BYTES
-    assert _staging_limit(outs, None, "gpu") == DEFAULT_BATCH_BYTES
-    assert _staging_limit(outs, 2**31, "auto") == 2**31  # what the user asked for
-    assert _staging_limit(outs, 1000, "gpu") == 1000
+    assert staging_limit(outs, None, "auto", o) == 512 * 2**20  # an eighth of 4 GiB
+    assert staging_limit([SimpleNamespace(nbytes=2**20)], None, "cpu", o) == 128 * 2**20
+    assert staging_limit([SimpleNamespace(nbytes=2**40)], None, "auto", o) == most
+    assert staging_limit(outs, None, "gpu", o) == most
+    assert staging_limit(outs, 2**31, "auto", o) == 2**31  # what the user asked for
+    assert staging_limit(outs, 1000, "gpu", o) == 1000
 
 
 def test_a_one_chunk_read_runs_on_the_calling_thread(tmp_path, monkeypatch):

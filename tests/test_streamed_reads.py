@@ -1,5 +1,5 @@
 """Large uncompressed reads are located and planned one batch at a time, as their batches are
-submitted (reader._streams): the values, missing chunks and errors are those of a read planned
+submitted (Scheduler.streams): the values, missing chunks and errors are those of a read planned
 all at once."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from conftest import host
 from test_reliability import gpu_memory_returns
 
 from cupy_xarray.device import cpu_device, gpu_device
-from cupy_xarray.engine import array_spec, read_arrays, reader
+from cupy_xarray.engine import array_spec, batches, read_arrays
 from cupy_xarray.engine.schedule import Scheduler
 from cupy_xarray.errors import ChunkError
 
@@ -46,18 +46,18 @@ def _arrays(tmp_path):
 
 
 @pytest.fixture
-def segments(monkeypatch):
+def segments(monkeypatch, options):
     """Stream every read, and count the segments located."""
-    monkeypatch.setattr(reader, "STREAM_BYTES", 1)
+    options(stream_bytes=1)
     located = []
-    real = reader._Segment.locate
+    real = batches.Segment.locate
 
     def counted(self, outs, device):
         tasks = real(self, outs, device)
         located.append(len(self.pieces))
         return tasks
 
-    monkeypatch.setattr(reader._Segment, "locate", counted)
+    monkeypatch.setattr(batches.Segment, "locate", counted)
     return located
 
 
@@ -86,10 +86,10 @@ def test_a_streamed_read_equals_zarr(tmp_path, device, segments, which):
 def test_a_small_read_is_planned_at_once(tmp_path, device, monkeypatch):
     tiles, _ = _arrays(tmp_path)
     seen = []
-    monkeypatch.setattr(reader, "_segments", lambda *a: seen.append(a) or [])
+    monkeypatch.setattr(batches, "segments", lambda *a: seen.append(a) or [])
     (got,) = read_arrays([(array_spec(tiles, name="t"), (slice(None),) * 3)], _dev(device))
     np.testing.assert_array_equal(host(got), tiles[:])
-    assert not seen  # 77 KiB: below STREAM_BYTES
+    assert not seen  # 77 KiB: below the stream_bytes option
 
 
 def test_a_damaged_chunk_of_a_later_segment_is_named(tmp_path, device, segments):

@@ -3,7 +3,7 @@
 zarr's ``FsspecStore`` fetches through aiohttp on one event loop: every 64 KiB of every body
 is a Python callback on that one thread, which then competes for the interpreter lock with
 the threads that decode. For plain HTTP(S) stores the engine fetches instead with
-``http.client`` on :data:`THREADS` threads: one kept-alive connection per thread and host,
+``http.client`` on ``http_threads`` threads (an option): one kept-alive connection per thread and host,
 each body read with ``readinto`` (the lock is released while bytes arrive), redirects
 followed (:data:`MAX_REDIRECTS`; the store's headers are not sent to another host). Stores
 with options this path does not know (authentication, client arguments, cookies) keep the
@@ -24,8 +24,7 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import numpy as np
 
-#: fetch threads (and requests in flight) for HTTP(S) stores; ``CUPY_XARRAY_HTTP_THREADS``
-THREADS = int(os.environ.get("CUPY_XARRAY_HTTP_THREADS", 32))
+from ..options import get_options
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -36,7 +35,8 @@ def _threads() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(THREADS, thread_name_prefix="cupy-xarray-http")
+            threads = get_options().http_threads  # the process's pool: made once, at the first fetch
+            _pool = ThreadPoolExecutor(threads, thread_name_prefix="cupy-xarray-http")
         return _pool
 
 

@@ -7,7 +7,7 @@ Two implementations of one small interface::
         pending.wait()               # raises ChunkError on any failure
 
 ``PosixIO`` uses ``os.preadv`` on a thread pool into NumPy buffers (a single read, or reads
-of :data:`INLINE_READ_BYTES` in all, on the calling thread); ``KvikioIO`` uses
+of the ``inline_read_bytes`` option in all, on the calling thread); ``KvikioIO`` uses
 ``kvikio.CuFile.pread`` into cupy buffers (GPUDirect Storage where the system has it,
 kvikio's POSIX compatibility mode with pinned bounce buffers elsewhere).
 """
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ChunkError
+from ..options import get_options
 
 
 @dataclass
@@ -120,11 +121,6 @@ class _Pending:
             raise first
 
 
-#: reads of at most this many bytes in all run on the calling thread (a hand-off to the pool
-#: and back costs tens of microseconds, more than reading them), as does a single read
-INLINE_READ_BYTES = 256 * 2**10
-
-
 def run_now(fn, *args: Any) -> Future:
     """``fn(*args)`` on this thread, its outcome as a finished future (what a pool's would be)."""
     done: Future = Future()
@@ -141,7 +137,9 @@ class _PosixSession:
         self._pool = pool
 
     def submit(self, ops: list[ReadOp]) -> _Pending:
-        if len(ops) == 1 or sum(op.nbytes for op in ops) <= INLINE_READ_BYTES:
+        # reads of a few bytes in all run on this thread (a hand-off to the pool and back
+        # costs tens of microseconds, more than reading them), as does a single read
+        if len(ops) == 1 or sum(op.nbytes for op in ops) <= get_options().inline_read_bytes:
             return _Pending([run_now(_pread_into, op) for op in ops])
         return _Pending([self._pool.submit(_pread_into, op) for op in ops])
 
@@ -305,10 +303,9 @@ class KvikioIO:
         try:
             import kvikio  # noqa: F401
         except ImportError as exc:
-            from ..device import _EXTRA_HINT
-            from ..errors import MissingGPUPackageError
+            from ..errors import EXTRA_HINT, MissingGPUPackageError
 
-            raise MissingGPUPackageError(f"kvikio is not installed; {_EXTRA_HINT}") from exc
+            raise MissingGPUPackageError(f"kvikio is not installed; {EXTRA_HINT}") from exc
         _kvikio_enter(threads)
         try:
             yield _KvikioSession(threads)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -174,3 +175,29 @@ def contiguous_span(shape: tuple[int, ...], sel: tuple[Index, ...]) -> tuple[int
         first = first * n + start
         count *= m
     return (first, count) if count else None
+
+
+def byte_span(recipe: Any, chunk_sel: tuple) -> tuple[int, int]:
+    """The bytes of an uncompressed C-order chunk that hold a selection: from its first
+    element to its last (a small selection of a large chunk reads only these)."""
+    if recipe.bytes_codecs or recipe.transpose is not None or (recipe.order == "F" and len(recipe.shape) > 1):
+        return 0, recipe.nbytes
+    size = recipe.dtype.itemsize
+    lo = hi = 0
+    stride = size  # bytes, innermost dimension first (plain Python: this runs per chunk)
+    for s, n in zip(reversed(chunk_sel), reversed(recipe.shape)):
+        if isinstance(s, (int, np.integer)):
+            first = last = int(s)
+        elif isinstance(s, slice):
+            idx = range(*s.indices(n))
+            if not idx:
+                return 0, 0
+            first, last = min(idx[0], idx[-1]), max(idx[0], idx[-1])
+        else:
+            if not len(s):
+                return 0, 0
+            first, last = int(np.min(s)), int(np.max(s))
+        lo += first * stride
+        hi += last * stride
+        stride *= n
+    return lo, hi + size

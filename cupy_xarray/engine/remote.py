@@ -5,10 +5,11 @@ The engine reads metadata through zarr's own store (``FsspecStore``, ``ObjectSto
 ``get``, many requests at once on zarr's event loop. What it fetched then goes through the
 same decoders, scheduler and checks as bytes read from a local file.
 
-- Concurrency: :data:`CONCURRENCY` requests in flight per read (``CUPY_XARRAY_REMOTE_CONCURRENCY``).
+- Concurrency: the ``remote_concurrency`` option's requests in flight per read
+  (:mod:`cupy_xarray.options`; ``CUPY_XARRAY_REMOTE_CONCURRENCY``).
 - Retries: timeouts, dropped connections, truncated bodies and HTTP 408/429/500/502/503/504
-  (S3's ``SlowDown`` included) are retried :data:`RETRIES` times with exponential backoff and
-  jitter (``CUPY_XARRAY_REMOTE_RETRIES``); then a :class:`~cupy_xarray.errors.ChunkError`
+  (S3's ``SlowDown`` included) are retried ``remote_retries`` times with exponential backoff
+  and jitter (``CUPY_XARRAY_REMOTE_RETRIES``); then a :class:`~cupy_xarray.errors.ChunkError`
   names the object and what the last attempt got.
 - Not retried: a missing object (its chunk reads as the fill value, as in zarr-python),
   access denied (401/403, named with a hint about credentials), and other errors.
@@ -17,7 +18,7 @@ same decoders, scheduler and checks as bytes read from a local file.
   its ``Content-Length`` is retried.
 - Shards: each shard's index is fetched with one range request (its first or last bytes) and
   kept while the array is open; the inner chunks a read needs are fetched with range requests,
-  neighbours closer than :data:`COALESCE_GAP` merged into one.
+  neighbours closer than ``coalesce_gap`` merged into one.
 - Keys: every key fetched is checked to stay below the store's prefix (no ``..``, no URL
   syntax such as ``?`` or ``#``), whatever the store's metadata says.
 """
@@ -25,7 +26,6 @@ same decoders, scheduler and checks as bytes read from a local file.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
 import time
@@ -34,25 +34,7 @@ from typing import Any
 
 from ..containment import UnsafeStoreError
 from ..errors import ChunkError
-
-#: fetch plain HTTP(S) stores on threads (:mod:`.http`) rather than through the store's
-#: event loop; ``CUPY_XARRAY_THREADED_HTTP=0`` turns it off
-THREADED_HTTP = os.environ.get("CUPY_XARRAY_THREADED_HTTP", "1") != "0"
-#: requests in flight per read
-CONCURRENCY = int(os.environ.get("CUPY_XARRAY_REMOTE_CONCURRENCY", 64))
-#: attempts after the first for a transient failure
-RETRIES = int(os.environ.get("CUPY_XARRAY_REMOTE_RETRIES", 4))
-#: seconds one request may take before it counts as timed out (and is retried)
-TIMEOUT_S = float(os.environ.get("CUPY_XARRAY_REMOTE_TIMEOUT", 120))
-#: first backoff in seconds (doubled per attempt, with jitter, at most BACKOFF_MAX_S)
-BACKOFF_S = 0.1
-BACKOFF_MAX_S = 5.0
-#: shard indexes kept per array
-MAX_CACHED_INDEXES = 4096
-#: inner chunks of one shard closer than this are fetched with one range request
-COALESCE_GAP = 1 << 20
-#: largest range one coalesced request asks for
-COALESCE_MAX = 64 << 20
+from ..options import Options, get_options
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _DENIED_STATUS = frozenset({401, 403})
@@ -199,7 +181,8 @@ class RemoteSource:
         self.url = store_url(store)
         from .http import fetcher_for
 
-        self.http = fetcher_for(store) if THREADED_HTTP else None  # plain HTTP(S): threads
+        # plain HTTP(S): fetched on threads, unless the threaded_http option says otherwise
+        self.http = fetcher_for(store) if get_options().threaded_http else None
         #: shard indexes already fetched, kept while the array is open: a dask task of one inner
         #: chunk then makes one request, not two (reopen the dataset after the store changes)
         self.shard_indexes: dict = {}
@@ -214,8 +197,8 @@ class RemoteSource:
         return self.http is not None
 
     def remember(self, cache: dict, key: Any, value: Any) -> None:
-        """Keep ``value`` in ``cache`` (at most :data:`MAX_CACHED_INDEXES` entries)."""
-        if len(cache) >= MAX_CACHED_INDEXES:
+        """Keep ``value`` in ``cache`` (at most ``max_cached_indexes`` entries, an option)."""
+        if len(cache) >= get_options().max_cached_indexes:
             cache.clear()
         cache[key] = value
 
@@ -238,19 +221,20 @@ class RemoteSource:
         if not requests:
             return []
         chunks = chunks or [r.key for r in requests]
+        options = get_options()  # the fetches run on other threads, with the caller's settings
         if self.http is not None:
             land = pinned_landing if pinned else None
-            jobs = [(r, c, land) for r, c in zip(requests, chunks)]
+            jobs = [(r, c, land, options) for r, c in zip(requests, chunks)]
             return self.http.fetch_all(jobs, self._attempts_threaded)
         from zarr.core.sync import sync
 
-        return sync(self._fetch_all(requests, chunks))
+        return sync(self._fetch_all(requests, chunks, options))
 
-    async def _fetch_all(self, requests: list[Request], chunks: list[str]) -> list[Any]:
+    async def _fetch_all(self, requests: list[Request], chunks: list[str], options: Options) -> list[Any]:
         from zarr.core.buffer import default_buffer_prototype
 
         proto = default_buffer_prototype()
-        gate = asyncio.Semaphore(CONCURRENCY)
+        gate = asyncio.Semaphore(options.remote_concurrency)
 
         async def get(r: Request) -> Any:
             from zarr.abc.store import RangeByteRequest, SuffixByteRequest
@@ -266,7 +250,7 @@ class RemoteSource:
 
         async def one(r: Request, chunk: str) -> Any:
             async with gate:
-                data = await self._attempts(r.key, chunk, get, r)
+                data = await self._attempts(r.key, chunk, options, get, r)
             return self._checked(r, chunk, data)
 
         tasks = [asyncio.ensure_future(one(r, c)) for r, c in zip(requests, chunks)]
@@ -280,35 +264,35 @@ class RemoteSource:
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
 
-    async def _attempts(self, key: str, chunk: str, fn, *args) -> Any:
+    async def _attempts(self, key: str, chunk: str, options: Options, fn, *args) -> Any:
         """``fn(*args)`` with bounded retries of transient failures; a ChunkError after."""
-        for attempt in range(RETRIES + 1):
+        for attempt in range(options.remote_retries + 1):
             try:
-                return await asyncio.wait_for(fn(*args), TIMEOUT_S)
+                return await asyncio.wait_for(fn(*args), options.remote_timeout)
             except (UnsafeStoreError, ChunkError):
                 raise
             except Exception as exc:  # noqa: BLE001 - classified, then re-raised naming the object
-                if self._judge(exc, attempt, key, chunk):
+                if self._judge(exc, attempt, key, chunk, options.remote_retries):
                     return None
-                await asyncio.sleep(_delay(attempt))
+                await asyncio.sleep(_delay(attempt, options))
         raise AssertionError("unreachable")
 
     def _attempts_threaded(self, job: tuple) -> Any:
         """:meth:`_attempts` for the HTTP fetcher's threads (one request: ``job``)."""
-        r, chunk, land = job
-        for attempt in range(RETRIES + 1):
+        r, chunk, land, options = job
+        for attempt in range(options.remote_retries + 1):
             try:
-                data = self.http.get(self.key(r.key), r.start, r.end, TIMEOUT_S, r.limit, land)
+                data = self.http.get(self.key(r.key), r.start, r.end, options.remote_timeout, r.limit, land)
                 break
             except (UnsafeStoreError, ChunkError):
                 raise
             except Exception as exc:  # noqa: BLE001 - classified, then re-raised naming the object
-                if self._judge(exc, attempt, r.key, chunk):
+                if self._judge(exc, attempt, r.key, chunk, options.remote_retries):
                     return None
-                time.sleep(_delay(attempt))
+                time.sleep(_delay(attempt, options))
         return self._checked(r, chunk, data)
 
-    def _judge(self, exc: BaseException, attempt: int, key: str, chunk: str) -> bool:
+    def _judge(self, exc: BaseException, attempt: int, key: str, chunk: str, retries: int) -> bool:
         """After a failed attempt: True for a missing object; raise the ChunkError that names a
         failure not worth retrying (or the last one); return False to try again."""
         where = dict(array=self.name, chunk=chunk, path=self.location(key))
@@ -323,12 +307,12 @@ class RemoteSource:
             return True
         if not transient(exc):
             raise ChunkError(f"cannot fetch the object ({type(exc).__name__}: {exc})", **where) from exc
-        if attempt == RETRIES:
+        if attempt == retries:
             what = "timed out" if isinstance(exc, TimeoutError | asyncio.TimeoutError) else "failed"
             raise ChunkError(
-                f"fetching the object {what} {RETRIES + 1} time{'s' if RETRIES else ''}, the last with "
-                f"{type(exc).__name__}: {exc or 'no message'} (set CUPY_XARRAY_REMOTE_RETRIES or "
-                "CUPY_XARRAY_REMOTE_TIMEOUT for a slow server)",
+                f"fetching the object {what} {retries + 1} time{'s' if retries else ''}, the last with "
+                f"{type(exc).__name__}: {exc or 'no message'} (raise the remote_retries or remote_timeout "
+                "options, or CUPY_XARRAY_REMOTE_RETRIES / CUPY_XARRAY_REMOTE_TIMEOUT, for a slow server)",
                 **where,
             ) from exc
         return False
@@ -362,19 +346,24 @@ def pinned_landing(nbytes: int) -> Any:
     """``nbytes`` of page-locked memory from cupy's pinned pool, for a fetched body. The size
     asked of the pool is rounded up (at most a quarter more) so that bodies of similar sizes
     reuse the pool's blocks rather than each pinning new memory."""
-    from .decoders.batch import pinned_buffer
+    from .buffers import pinned_buffer
 
     step = 1 << max(nbytes.bit_length() - 3, 12)
     return pinned_buffer(-(-nbytes // step) * step)[:nbytes]
 
 
-def _delay(attempt: int) -> float:
-    return min(BACKOFF_MAX_S, BACKOFF_S * 2**attempt) * (0.5 + random.random() / 2)
+def _delay(attempt: int, options: Options) -> float:
+    """Seconds to wait before attempt ``attempt + 1``: exponential backoff with jitter."""
+    return min(options.remote_backoff_max, options.remote_backoff * 2**attempt) * (0.5 + random.random() / 2)
 
 
-def coalesce(ranges: list[tuple[int, int]], gap: int = COALESCE_GAP, most: int = COALESCE_MAX):
+def coalesce(ranges: list[tuple[int, int]], gap: int | None = None, most: int | None = None):
     """Merge sorted-able ``(start, end)`` ranges closer than ``gap`` into requests of at most
-    ``most`` bytes; returns ``[(start, end, [indices of the ranges it holds])]``."""
+    ``most`` bytes (default: the options ``coalesce_gap`` and ``coalesce_max``); returns
+    ``[(start, end, [indices of the ranges it holds])]``."""
+    options = get_options()
+    gap = options.coalesce_gap if gap is None else gap
+    most = options.coalesce_max if most is None else most
     order = sorted(range(len(ranges)), key=lambda i: ranges[i])
     merged: list[tuple[int, int, list[int]]] = []
     for i in order:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ..options import get_options
 from .spec import ChunkRecipe
 
 
@@ -83,12 +84,6 @@ def c_strides(shape: tuple[int, ...], size: int) -> list[int]:
     return strides
 
 
-#: a piece is placed with 2-D copies only when it takes at most this many, each row at least
-#: ``BOX_MIN_ROW`` bytes (narrower rows copy slowly; the scatter kernel is then faster)
-BOX_MAX_COPIES = 16
-BOX_MIN_ROW = 512
-
-
 def box_copies(
     recipe: ChunkRecipe,
     piece: Any,
@@ -99,10 +94,13 @@ def box_copies(
     """A piece that selects a box of a C-order chunk (ints and step-1 slices), placed into a
     box of the C-contiguous output, as 2-D copies ``(src, dst, width, height, spitch,
     dpitch)`` in bytes; None where the piece is not such a box or would need more than
-    ``max_copies`` copies or rows narrower than ``min_row`` bytes (default
-    :data:`BOX_MAX_COPIES`, :data:`BOX_MIN_ROW`)."""
-    max_copies = BOX_MAX_COPIES if max_copies is None else max_copies
-    min_row = BOX_MIN_ROW if min_row is None else min_row
+    ``max_copies`` copies or rows narrower than ``min_row`` bytes (default: the options
+    ``box_max_copies`` and ``box_min_row``; narrower rows copy slowly, and the scatter kernel
+    is then faster)."""
+    if max_copies is None or min_row is None:
+        options = get_options()
+        max_copies = options.box_max_copies if max_copies is None else max_copies
+        min_row = options.box_min_row if min_row is None else min_row
     if recipe.transpose is not None or recipe.needs_swap or (recipe.order == "F" and len(recipe.shape) > 1):
         return None
     size = recipe.dtype.itemsize
@@ -347,7 +345,7 @@ def _pinned_table(cupy: Any, rows: int) -> tuple[np.ndarray, list]:
     if event is not None:
         event.synchronize()  # the kernel that read this table last has run
     if buf is None or len(buf) < rows:
-        from .decoders.batch import pinned_buffer
+        from .buffers import pinned_buffer
 
         buf = slot[0] = pinned_buffer(max(rows, 256) * 48).view(np.int64).reshape(-1, 6)
     return buf[:rows], slot

@@ -1,7 +1,7 @@
-"""Where each compressed chunk of a read is decoded: nvCOMP on the GPU, or CPU threads.
+"""The one place a read's routes are decided: where each chunk is read, decoded and placed.
 
-A read's chunks that cannot be read straight into the output are grouped by recipe, and
-the :class:`Scheduler` gives each chunk a route:
+A read's chunks are grouped by recipe, and the :class:`Scheduler` gives each chunk a route
+(:meth:`Scheduler.plan`); every other stage follows its answer:
 
 ``"batch"``
     Read into staging with its batch, decoded by ``Device.codecs`` in one call per codec
@@ -9,6 +9,12 @@ the :class:`Scheduler` gives each chunk a route:
 ``"host"``
     Read, decoded and checked by one CPU thread, then placed into the output (copied to
     the GPU for a GPU read) (:mod:`.host`).
+
+A batch group's streams are decoded by nvCOMP or by CPU threads as :func:`nvcomp_decodes`
+says; fetched bytes land in pinned memory where they go to the GPU as they are
+(:func:`lands_pinned`); large uncompressed reads are planned batch by batch
+(:meth:`Scheduler.streams`); arrays the engine does not decode go to zarr-python
+(``ArraySpec.fallback``, decided when the array is opened).
 
 ``decode="gpu"`` sends every compressed chunk of a GPU read to nvCOMP, ``"cpu"`` every one
 to CPU threads. ``"auto"`` sends to nvCOMP only the streams it decodes safely
@@ -32,14 +38,26 @@ from typing import Any
 
 import numpy as np
 
+from ..options import get_options
 from .decoders import Rates, compressor, decodes_on_gpu, proven, stream, stream_bytes, stream_kind
 from .decoders.registry import STREAMS
-from .host import INLINE_BYTES
 
 log = logging.getLogger("cupy_xarray")
 
 #: each stream kind's figures measured on an H200 host (:attr:`~.decoders.StreamDecoder.rates`)
 DEFAULT_RATES: dict[str, Rates] = {kind: decoder.rates for kind, decoder in STREAMS.items()}
+
+
+@dataclass
+class RoutePlan:
+    """A read's tasks split by route: ``batched`` (staged, decoded in batched calls),
+    ``on_host`` (CPU threads, a chunk per job), with per recipe (``id(recipe)``) whether
+    nvCOMP decodes a batched group (``on_gpu``), and the decisions of the cost model."""
+
+    batched: list
+    on_host: list
+    on_gpu: dict
+    decisions: list
 
 
 @dataclass
@@ -77,6 +95,43 @@ class Scheduler:
         self._rates = rates
         self.force = force
 
+    def plan(self, tasks: list[Any], device: Any, decode: str, limit: int) -> RoutePlan:
+        """Give every located task its route (``limit``: the bytes one batch may hold)."""
+        batched, on_host, groups, direct = [], [], {}, []
+        for t in tasks:
+            if t.direct is not None:
+                direct.append(t)
+            else:
+                groups.setdefault(id(t.spec.recipe), []).append(t)
+        if direct:
+            for t, r in zip(direct, self.direct_routes(direct, device)):
+                (on_host if r == "host" else batched).append(t)
+        decisions, on_gpu = [], {}
+        for key, group in groups.items():
+            routes, decision = self.routes(group, device, decode, limit)
+            for t, r in zip(group, routes):
+                (on_host if r == "host" else batched).append(t)
+            on_gpu[key] = nvcomp_decodes(group[0].spec.recipe.bytes_codecs, device, decode)
+            if decision is not None:
+                decisions.append(decision)
+                log.debug("decode: %s", decision)
+        return RoutePlan(batched, on_host, on_gpu, decisions)
+
+    def streams(self, spec: Any, pieces: list, device: Any) -> bool:
+        """Whether a request's pieces are located and planned batch by batch, as their
+        batches are submitted (the ``stream_bytes`` option): a large uncompressed, unsharded
+        local read whose every piece goes with the batches (a GPU read, or a scheduler that
+        sends every chunk there), so that its first reads start once one batch is planned."""
+        batched = getattr(device, "name", None) == "gpu" or self.force == "batch"
+        return (
+            batched
+            and spec.source is None
+            and spec.shard is None
+            and not spec.recipe.bytes_codecs
+            and self.force != "host"
+            and len(pieces) * spec.recipe.nbytes >= get_options().stream_bytes
+        )
+
     def rates_for(self, kind: str, device: Any) -> Rates:
         if self._rates is not None:
             return self._rates.get(kind, DEFAULT_RATES.get(kind, DEFAULT_RATES["zstd"]))
@@ -84,13 +139,13 @@ class Scheduler:
 
     def direct_routes(self, tasks: list[Any], device: Any) -> list[str]:
         """Routes for pieces read straight into the output (their bytes are one run of it):
-        on a GPU, a read small enough for the calling thread (:data:`.host.INLINE_BYTES`) goes
+        on a GPU, a read small enough for the calling thread (the ``inline_bytes`` option) goes
         to the host route (read into the thread's pinned buffer, one copy each: a dask task or
         a selection of a chunk or two; kvikio's per-read setup and its hand-off to its own
         threads cost more), larger ones with the batches (kvikio, many threads per read)."""
         if self.force is not None:
             return [self.force] * len(tasks)
-        if device.name == "gpu" and sum(t.direct[1] for t in tasks) <= INLINE_BYTES:
+        if device.name == "gpu" and sum(t.direct[1] for t in tasks) <= get_options().inline_bytes:
             return ["host"] * len(tasks)
         return ["batch"] * len(tasks)
 
@@ -108,7 +163,7 @@ class Scheduler:
             return ["host"] * len(tasks), None
         if not codecs:  # uncompressed tiles, staged only to be scattered
             fetched = getattr(tasks[0], "blob", None) is not None
-            if not fetched and sum(t.nbytes for t in tasks) > SMALL_READ_BYTES:
+            if not fetched and sum(t.nbytes for t in tasks) > get_options().small_read_bytes:
                 return ["batch"] * len(tasks), None  # kvikio: 2.7x the CPU threads' rate
             # a dask task, a selection (no kvikio setup); fetched bytes, already in (pinned)
             # host memory: copied from there into their place in the output, no staging
@@ -142,13 +197,6 @@ class Scheduler:
         return ["batch"] * k + ["host"] * (len(tasks) - k), decision
 
 
-#: uncompressed tiles beyond this size are staged with the batches, smaller reads go to CPU threads
-SMALL_READ_BYTES = 64 * 2**20
-
-#: a split must be estimated at most this share of the faster processor's time alone
-SPLIT_GAIN = 0.6
-
-
 def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
     """The route every chunk of a compressed chain takes on a GPU read whatever the cost
     model would say, and why; ``(None, "")`` where the model chooses."""
@@ -160,6 +208,42 @@ def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
     if not decodes_on_gpu(kind, "auto", proven(codecs)):
         return "host", stream(kind).host_only or "decoded safely on the CPU"
     return None, ""
+
+
+def nvcomp_decodes(codecs: tuple[str, ...], device: Any, decode: str) -> bool:
+    """Whether nvCOMP decodes a chain's streams where they are decoded in batches (else CPU
+    threads: on the CPU, and on a GPU for the streams ``decode`` keeps off nvCOMP)."""
+    kind = stream_kind(codecs)
+    if getattr(device, "name", None) != "gpu" or kind is None:
+        return False
+    return decodes_on_gpu(kind, decode, proven(codecs))
+
+
+def lands_pinned(spec: Any, device: Any, decode: str = "auto") -> bool:
+    """Whether an array's fetched bytes land in pinned memory: those read to a GPU that go
+    there as they are (uncompressed chunks, copied or read in place by a kernel; streams
+    nvCOMP may decode), where copies run at full speed (cupy's pinned pool keeps the blocks
+    for the next fetches)."""
+    if getattr(device, "name", None) != "gpu":
+        return False
+    codecs = spec.recipe.bytes_codecs
+    if not codecs:
+        return True
+    return compressor(codecs) is not None and fixed_route(codecs, decode)[0] != "host"
+
+
+def learn_from(decisions: list[Decision], tasks: list[Any], device: Any, clock: Any, jobs: Any) -> None:
+    """Hand a read's own timings of each scheduled group to the rates (:func:`learn`):
+    ``clock.groups``, the batches' decode seconds per recipe; ``jobs``, the host route's."""
+    if not decisions or clock.crowded:  # other reads ran beside this one: not its own timings
+        return
+    if any(getattr(t, "blob", None) is not None for t in tasks):  # fetches shared the CPU
+        return
+    spent = jobs.spent()
+    sizes = {id(t.spec.recipe): t.spec.recipe.nbytes for t in tasks}
+    for d in decisions:
+        if d.learns and d.key in sizes:
+            learn(d, device, sizes[d.key], clock.groups.get(d.key, 0.0), jobs.wall, spent.get(d.key, 0.0))
 
 
 def split(
@@ -175,7 +259,7 @@ def split(
     Both processors share the interpreter and the host's memory: a read split between them
     ran measurably slower than the model's sum (Blosc LZ4 on an H200 host: 5.7 GB/s split
     against 21 on nvCOMP alone). A split is taken only where it is estimated to save
-    40 % of the faster processor's time alone (:data:`SPLIT_GAIN`; two processors of equal
+    40 % of the faster processor's time alone (the ``split_gain`` option; two processors of equal
     speed save at most half).
     """
     n = len(sizes)
@@ -188,7 +272,7 @@ def split(
         th = r.host_seconds(sizes[k:], threads)
         if max(tg, th) < best[0]:
             best = (max(tg, th), k, tg, th)
-    if 0 < best[1] < n and best[0] > SPLIT_GAIN * min(alone_gpu, alone_host):
+    if 0 < best[1] < n and best[0] > get_options().split_gain * min(alone_gpu, alone_host):
         return (n, alone_gpu, 0.0) if alone_gpu <= alone_host else (0, 0.0, alone_host)
     return best[1], best[2], best[3]
 
@@ -200,10 +284,9 @@ _cache: dict[str, Rates] = {}
 
 
 def cache_path() -> str:
-    """Where measured rates are kept (``CUPY_XARRAY_CACHE``, else ``~/.cache/cupy-xarray``)."""
-    root = os.environ.get("CUPY_XARRAY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cupy-xarray"
-    )
+    """Where measured rates are kept (the ``cache_dir`` option, ``CUPY_XARRAY_CACHE``; else
+    ``~/.cache/cupy-xarray``)."""
+    root = get_options().cache_dir or os.path.join(os.path.expanduser("~/.cache"), "cupy-xarray")
     return os.path.join(root, "decode-rates.json")
 
 
@@ -238,9 +321,10 @@ def _machine_key(device: Any) -> str:
 def rates(kind: str, device: Any) -> Rates:
     """This machine's rates for ``kind``: from the cache file, else measured now and cached.
 
-    ``CUPY_XARRAY_CALIBRATE=0`` uses :data:`DEFAULT_RATES` without measuring.
+    The ``calibrate`` option off (``CUPY_XARRAY_CALIBRATE=0``) uses :data:`DEFAULT_RATES`
+    without measuring.
     """
-    if os.environ.get("CUPY_XARRAY_CALIBRATE", "1") == "0":
+    if not get_options().calibrate:
         return DEFAULT_RATES[kind]
     with _lock:
         key = f"{machine_key(device)}|{kind}"
@@ -375,7 +459,7 @@ def calibrate(kind: str, device: Any) -> Rates:
     def run(count: int) -> float:
         device.synchronize()
         t = time.perf_counter()
-        device.codecs.decode(kind, dev[:count], [n] * count, decode="gpu")
+        device.codecs.decode(kind, dev[:count], [n] * count, on_gpu=True)
         device.synchronize()
         return time.perf_counter() - t
 

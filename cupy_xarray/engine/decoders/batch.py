@@ -11,16 +11,16 @@ chunk's size. ``Device.codecs`` is one of the two.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from ...device import _cores
+from ...options import get_options
+from ..buffers import pinned_buffer
 from .base import Decoded, DecodeFailure, FramingError, aligned_slots, decoded_sizes
-from .registry import decodes_on_gpu, stream
+from .registry import stream
 
 log = logging.getLogger("cupy_xarray")
 
@@ -30,8 +30,8 @@ def _size_failure(algo: str, i: int, got: int, expected: int) -> DecodeFailure:
 
 
 def host_threads() -> int:
-    """CPU threads that decode for a GPU read (``CUPY_XARRAY_DECODE_THREADS``; default: cores)."""
-    return max(1, int(os.environ.get("CUPY_XARRAY_DECODE_THREADS", 0)) or min(32, _cores()))
+    """CPU threads that decode for a GPU read (the ``decode_threads`` option; default: cores)."""
+    return get_options().host_decode_threads()
 
 
 def host_copies(srcs: list[Any]) -> list[np.ndarray]:
@@ -44,13 +44,6 @@ def host_copies(srcs: list[Any]) -> list[np.ndarray]:
     lo, hi = min(offs), max(o + s.size for o, s in zip(offs, srcs))
     host = flat[lo:hi].get()
     return [host[o - lo : o - lo + s.size] for o, s in zip(offs, srcs)]
-
-
-def pinned_buffer(nbytes: int) -> np.ndarray:
-    """Page-locked host memory (cupy's pinned pool): copies from it to the GPU run at full speed."""
-    import cupyx
-
-    return cupyx.empty_pinned((max(nbytes, 1),), dtype=np.uint8)
 
 
 def to_device(pinned: np.ndarray, slots: np.ndarray, sizes: np.ndarray, outs: list[Any]) -> None:
@@ -89,14 +82,12 @@ class CPUCodecs:
         srcs: list[np.ndarray],
         expected: list[int],
         into: list[Any] | None = None,
-        decode: str = "auto",
-        proven: bool = False,
+        on_gpu: bool = False,
     ) -> Decoded:
         """Decode every stream; ``into`` optionally gives, per stream, the buffer of exactly
         ``expected[i]`` bytes to decode into (``None``: a new buffer). Raises DecodeFailure
         naming the first stream that does not decode to exactly its expected size.
-        (``decode`` and ``proven``: see :func:`~.registry.decodes_on_gpu`; on the CPU all is
-        decoded here.)"""
+        (``on_gpu``: see :meth:`GPUCodecs.decode`; on the CPU all is decoded here.)"""
 
         decoder = stream(algo)
 
@@ -295,12 +286,12 @@ class GPUCodecs:
         srcs: list[Any],
         expected: list[int],
         into: list[Any] | None = None,
-        decode: str = "auto",
-        proven: bool = False,
+        on_gpu: bool = True,
     ) -> Decoded:
-        """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`), with nvCOMP
-        or on CPU threads as :func:`decodes_on_gpu` says."""
-        if not decodes_on_gpu(algo, decode, proven):
+        """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`): with nvCOMP,
+        or with ``on_gpu=False`` on CPU threads (the scheduler's choice,
+        :func:`~cupy_xarray.engine.schedule.nvcomp_decodes`), then copied to the device."""
+        if not on_gpu:
             return self._decode_on_host(algo, srcs, expected, into)
         if self._nvcomp is None:
             import cupy

@@ -20,6 +20,8 @@ import numpy as np
 
 from .base import Box, DecodeFailure, aligned_slots, decoded_sizes, le32
 from .nvcomp import DecodeTimeout, status_text
+from .registry import BLOSC_STREAMS as STREAMS
+from .registry import stream
 from .zstd import frame_lengths as zstd_frame_lengths
 
 #: Blosc compressor format codes (header flags >> 5) the engine decodes
@@ -27,10 +29,6 @@ FORMATS = {1: "lz4", 4: "zstd"}
 FORMAT_NAMES = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
 #: cnames whose chunks the engine decodes (lz4hc writes LZ4 blocks)
 CNAMES = {"lz4": "lz4", "lz4hc": "lz4", "zstd": "zstd"}
-#: cname (and format name) -> the kind of stream its blocks hold (:mod:`.registry`)
-STREAMS = {"lz4": "lz4-block", "lz4hc": "lz4-block", "zstd": "zstd"}
-#: the stream size Blosc chunks are modelled at by the scheduler (their blocks' streams)
-BLOCK_STREAM_BYTES = 2**16
 
 _SHUFFLE, _MEMCPYED, _BITSHUFFLE, _DONT_SPLIT = 0x1, 0x2, 0x4, 0x10
 _MAX_SPLITS, _MIN_BUFFERSIZE = 16, 128
@@ -368,7 +366,8 @@ def decode_chunks_on_host(
     Returns the buffers to keep alive and each chunk's decoded bytes on the device."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from .batch import host_copies, host_threads, pinned_buffer, to_device
+    from ..buffers import pinned_buffer
+    from .batch import host_copies, host_threads, to_device
 
     n = len(chunks)
     sizes = np.full(n, expected, dtype=np.int64)
@@ -473,8 +472,6 @@ def ready_streams(device: Any, buffer: Any, lay: Layout) -> dict[str, Ready]:
 
 
 def _ready(device: Any, batched: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarray) -> Ready:
-    from .registry import stream
-
     clen, dlen = lay.clen[idx], lay.dlen[idx]
     source, src = _pack(device.xp, buffer, lay.src[idx], clen, device, batched.input_alignment)
     src_ptrs = np.uint64(source.data.ptr) + src.astype(np.uint64)

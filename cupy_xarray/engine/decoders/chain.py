@@ -19,7 +19,7 @@ import numpy as np
 from . import blosc, crc32c
 from .base import DecodeFailure
 from .nvcomp import DecodeTimeout
-from .registry import decodes_on_gpu, stream
+from .registry import stream
 
 
 def frame_problem(name: str, head: bytes, tail: bytes, length: int, expected: int) -> str | None:
@@ -82,12 +82,14 @@ def _steps(codecs: tuple[str, ...], nbytes: int):
         yield name, expected, i == len(codecs) - 1, "crc32c" in codecs[:i]
 
 
-def decode_group(tasks: list[Any], device: Any, clock: Any, decode: str) -> None:
-    """Run one recipe's byte codecs over a group of staged tasks (the reader's batches), in
-    batched calls of ``device.codecs``; ``clock.lap(phase)`` records the time of each."""
+def decode_group(group: Any, device: Any, clock: Any) -> None:
+    """Run one recipe's byte codecs over a group of staged tasks (:class:`~..tasks.Group` of
+    the batches), in batched calls of ``device.codecs``, by nvCOMP where the scheduler said
+    so (``group.on_gpu``); ``clock.lap(phase)`` records the time of each."""
+    tasks = group.tasks
     recipe = tasks[0].spec.recipe
     xp = device.xp
-    for name, expected, last, proven in _steps(recipe.bytes_codecs, recipe.nbytes):
+    for name, expected, last, _proven in _steps(recipe.bytes_codecs, recipe.nbytes):
         if name == "crc32c":
             for t in tasks:
                 try:
@@ -96,14 +98,14 @@ def decode_group(tasks: list[Any], device: Any, clock: Any, decode: str) -> None
                     raise t.error(str(exc)) from exc
             continue
         if name.startswith("blosc-"):
-            _decode_blosc(tasks, name[len("blosc-") :], expected, device, clock, last, decode)
+            _decode_blosc(group, name[len("blosc-") :], expected, device, clock, last)
             continue
         _check_frames(tasks, name, expected, device)
         clock.lap("decode prep")
         into = [t.target for t in tasks] if last and any(t.target is not None for t in tasks) else None
         try:
             decoded = device.codecs.decode(
-                name, [t.data for t in tasks], [expected] * len(tasks), into, decode=decode, proven=proven
+                name, [t.data for t in tasks], [expected] * len(tasks), into, on_gpu=group.on_gpu
             )
         except DecodeFailure as exc:
             raise tasks[exc.index].error(f"{exc} (corrupt chunk)") from exc
@@ -114,29 +116,30 @@ def decode_group(tasks: list[Any], device: Any, clock: Any, decode: str) -> None
                 raise t.error(f"{name} stream decoded to {len(d)} bytes, expected {expected}")
             t.data = d
             t.landed = into is not None and t.target is not None
-        tasks[0].owner = decoded
+        group.owner = decoded
         clock.lap(f"decode {name}")
 
 
-def prepares(tasks: list[Any], device: Any, decode: str) -> bool:
+def prepares(group: Any, device: Any) -> bool:
     """Whether :func:`prepare_group` has work for this group: Blosc chunks decoded by the
     batches' decoders (nvCOMP on a GPU)."""
-    codecs = tasks[0].spec.recipe.bytes_codecs
+    codecs = group.tasks[0].spec.recipe.bytes_codecs
     if len(codecs) != 1 or not codecs[0].startswith("blosc-"):
         return False
-    return device.name != "gpu" or decodes_on_gpu(blosc.STREAMS[codecs[0][len("blosc-") :]], decode)
+    return device.name != "gpu" or group.on_gpu
 
 
-def prepare_group(tasks: list[Any], device: Any, decode: str) -> None:
+def prepare_group(group: Any, device: Any) -> None:
     """Start, on the current stream, what a group of staged tasks needs before its decode and
     that can run while the batch before it decodes (:func:`prepares`): the Blosc chunks'
     layout and, on a GPU, their streams packed for nvCOMP with their structure checks
-    started; kept on ``tasks[0].ready`` for :func:`decode_group`."""
-    if not prepares(tasks, device, decode):
+    started; kept on ``group.ready`` for :func:`decode_group`."""
+    if not prepares(group, device):
         return
+    tasks = group.tasks
     cname = tasks[0].spec.recipe.bytes_codecs[0][len("blosc-") :]
     buffer, lay = _blosc_layout(tasks, cname, tasks[0].spec.recipe.nbytes, device)
-    tasks[0].ready = (buffer, lay, blosc.ready_streams(device, buffer, lay))
+    group.ready = (buffer, lay, blosc.ready_streams(device, buffer, lay))
 
 
 def _blosc_layout(tasks: list[Any], cname: str, expected: int, device: Any) -> tuple[Any, blosc.Layout]:
@@ -160,11 +163,10 @@ def _blosc_layout(tasks: list[Any], cname: str, expected: int, device: Any) -> t
         raise tasks[exc.index].error(str(exc)) from exc
 
 
-def _decode_blosc(
-    tasks: list[Any], cname: str, expected: int, device: Any, clock: Any, last: bool, decode: str
-) -> None:
+def _decode_blosc(group: Any, cname: str, expected: int, device: Any, clock: Any, last: bool) -> None:
     """Blosc chunks: structure checked on the host, streams decoded in batches, blocks unshuffled."""
-    ready, tasks[0].ready = getattr(tasks[0], "ready", None), None
+    tasks = group.tasks
+    ready, group.ready = group.ready, None
     if ready is None:
         buffer, lay = _blosc_layout(tasks, cname, expected, device)
         streams = None
@@ -173,7 +175,7 @@ def _decode_blosc(
     clock.lap("blosc layout")
     try:
         targets = [t.target for t in tasks] if last else None
-        if device.name == "gpu" and not decodes_on_gpu(blosc.STREAMS[cname], decode):
+        if device.name == "gpu" and not group.on_gpu:
             owners, views = blosc.decode_chunks_on_host([t.data for t in tasks], expected, device, targets)
         else:
             boxes = [t.box for t in tasks] if last else None
@@ -187,7 +189,7 @@ def _decode_blosc(
     for t, v in zip(tasks, views):
         t.data = v
         t.landed = last and (t.target is not None or v is None)  # None: unshuffled into its box
-    tasks[0].owner = owners
+    group.owner = owners
 
 
 def _check_frames(tasks: list[Any], name: str, expected: int, device: Any) -> None:

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ...options import get_options
+
 #: nvCOMP C API algorithm prefixes (each decoder's ``nvcomp``; ``Deflate``: the body of a zlib
 #: stream, ``LZ4``: an LZ4 block). Zstd's scratch memory is sized by reading the streams
 #: (``GetTempSizeSync``; the bound without them is 3x the output), which also refuses
@@ -39,8 +41,6 @@ STATUS_NAMES = {
     17: "alignment", 18: "chunk size too large", 20: "wrong input length", 1000: "CUDA error",
     10000: "internal error",
 }  # fmt: skip
-#: seconds a decode may take before the read gives up on it (``CUPY_XARRAY_DECODE_TIMEOUT``)
-DECODE_TIMEOUT = float(os.environ.get("CUPY_XARRAY_DECODE_TIMEOUT", 120))
 _BACKEND_CUDA = 2  # nvCOMP's CUDA kernels: they report corrupt streams (a hardware engine need not)
 
 
@@ -66,8 +66,9 @@ _lib_error: str | None = None
 
 
 def enabled() -> bool:
-    """False when ``CUPY_XARRAY_NVCOMP_C=0`` asks for nvCOMP's Python API only."""
-    return os.environ.get("CUPY_XARRAY_NVCOMP_C", "1") != "0"
+    """False when the ``nvcomp_c`` option (``CUPY_XARRAY_NVCOMP_C=0``) asks for nvCOMP's
+    Python API only."""
+    return get_options().nvcomp_c
 
 
 def _find_library() -> ctypes.CDLL:
@@ -146,11 +147,11 @@ def while_decoding(work: Callable[[], None]) -> Iterator[None]:
 
 
 class DecodeTimeout(RuntimeError):
-    """A batched decode did not finish in :data:`DECODE_TIMEOUT` seconds."""
+    """A batched decode did not finish within the ``decode_timeout`` option's seconds."""
 
 
 def wait(stream: Any, what: str) -> None:
-    """Wait for the work queued on ``stream`` so far, at most :data:`DECODE_TIMEOUT` seconds.
+    """Wait for the work queued on ``stream`` so far, at most ``decode_timeout`` seconds (an option).
 
     A bounded wait is the last line against a decode that never ends; the streams are
     checked before they are decoded so that it should never be needed.
@@ -161,12 +162,13 @@ def wait(stream: Any, what: str) -> None:
     done.record(stream)
     if done.done:
         return
-    deadline = time.monotonic() + DECODE_TIMEOUT
+    timeout = get_options().decode_timeout
+    deadline = time.monotonic() + timeout
     pause = 2e-5
     while not done.done:
         if time.monotonic() > deadline:
             raise DecodeTimeout(
-                f"{what} did not finish within {DECODE_TIMEOUT:.0f} s (a damaged stream?); the GPU may "
+                f"{what} did not finish within {timeout:.0f} s (a damaged stream?); the GPU may "
                 "stay busy: restart the Python process (CUPY_XARRAY_DECODE_TIMEOUT sets the limit)"
             )
         time.sleep(pause)

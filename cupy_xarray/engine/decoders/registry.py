@@ -7,18 +7,19 @@ streams of one kind, ``BLOSC_STREAMS``).
 
 from __future__ import annotations
 
-import os
-
+from ...options import DECODE_CHOICES, get_options
 from .base import StreamDecoder
-from .blosc import BLOCK_STREAM_BYTES
-from .blosc import STREAMS as BLOSC_STREAMS
 from .deflate import GZIP, ZLIB
 from .lz4 import LZ4_BLOCK, LZ4_PREFIXED
 from .zstd import ZSTD
 
 STREAMS: dict[str, StreamDecoder] = {d.name: d for d in (ZSTD, GZIP, ZLIB, LZ4_PREFIXED, LZ4_BLOCK)}
+#: Blosc cname (and format name) -> the kind of stream its blocks hold
+BLOSC_STREAMS = {"lz4": "lz4-block", "lz4hc": "lz4-block", "zstd": "zstd"}
+#: the stream size Blosc chunks are modelled at by the scheduler (their blocks' streams)
+BLOCK_STREAM_BYTES = 2**16
 
-DECODE_CHOICES = ("auto", "gpu", "cpu")
+__all__ = ["BLOCK_STREAM_BYTES", "BLOSC_STREAMS", "DECODE_CHOICES", "STREAMS"]
 
 
 def stream(kind: str) -> StreamDecoder:
@@ -30,15 +31,13 @@ def stream(kind: str) -> StreamDecoder:
 
 
 def decode_choice(value: str | None = None) -> str:
-    """The ``decode=`` choice: the argument, else ``CUPY_XARRAY_DECODE``, else ``"auto"``."""
-    choice = value if value is not None else os.environ.get("CUPY_XARRAY_DECODE", "auto")
-    if choice not in DECODE_CHOICES:
-        raise ValueError(
-            f"decode must be 'auto', 'gpu' or 'cpu', got {choice!r} (from "
-            + ("the decode= argument" if value is not None else "CUPY_XARRAY_DECODE")
-            + ")"
-        )
-    return choice
+    """The ``decode=`` choice: the argument, else the ``decode`` option (``set_options``,
+    ``CUPY_XARRAY_DECODE``), else ``"auto"``."""
+    if value is None:
+        return get_options().decode
+    if value not in DECODE_CHOICES:
+        raise ValueError(f"decode must be 'auto', 'gpu' or 'cpu', got {value!r} (from the decode= argument)")
+    return value
 
 
 def decodes_on_gpu(kind: str, decode: str = "auto", proven: bool = False) -> bool:

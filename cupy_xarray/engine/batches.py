@@ -1,0 +1,162 @@
+"""Batches: the tasks read with kvikio (or the I/O threads) cut into batches of about equal
+size, each with its staging slots, and how many are in flight at once."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from ..options import Options
+from .decoders import decodes_through_scratch, stream_lead
+from .locate import locate
+from .place import prepare
+from .plan import ChunkPiece
+from .scatter import scatter
+from .spec import ArraySpec
+from .tasks import ChunkTask
+
+_ALIGN = 256
+
+
+@functools.cache
+def max_ops() -> int:
+    """Chunk reads per batch: nvCOMP wants big batches; each open file holds descriptors."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+    except (ImportError, OSError, ValueError):
+        soft = 1024
+    # two batches in flight, kvikio opens each file twice
+    return max(64, min(4096, (soft - 128) // 5))
+
+
+def staging_limit(outs: list, batch_bytes: int | None, decode: str, options: Options) -> int:
+    """Bytes a batch may hold: ``batch_bytes`` where given. Else, for ``decode="auto"`` or
+    ``"cpu"``, an eighth of the outputs (at least 128 MiB, at most the ``default_batch_bytes``
+    option): two batches are in flight (or :func:`depth` batches of ``2 / depth`` of it), and
+    a compressed one holds its stored and decoded bytes. ``decode="gpu"`` favours nvCOMP's
+    throughput, which grows with the streams per call: ``default_batch_bytes``."""
+    if batch_bytes is not None:
+        return max(1, batch_bytes)
+    if decode == "gpu":
+        return options.default_batch_bytes
+    out = sum(int(getattr(o, "nbytes", 0)) for o in outs if o is not None)
+    return min(options.default_batch_bytes, max(128 * 2**20, out // 8))
+
+
+def depth(batched: list[ChunkTask], crowded: bool, options: Options) -> int:
+    """Batches in flight at once: 2 where any task is decoded (nvCOMP's throughput grows with
+    the streams per call) or another read runs beside (dask's tasks, whose reads already keep
+    the I/O threads busy); else the ``uncompressed_depth`` option: more, smaller batches in
+    the same memory, so that the next reads keep the threads busy while one is placed."""
+    if crowded or any(t.spec.recipe.bytes_codecs for t in batched):
+        return 2
+    return max(2, options.uncompressed_depth)
+
+
+def _cost(t: ChunkTask) -> int:
+    """Bytes a task holds beside the output while its batch is in flight."""
+    if t.direct:
+        return 0
+    if t.target is not None and not decodes_through_scratch(t.spec.recipe.bytes_codecs):
+        return t.nbytes  # decoded straight into the output: only the stored bytes are held
+    return t.spec.recipe.nbytes
+
+
+def batches(tasks: list[ChunkTask], batch_bytes: int) -> list[list[ChunkTask]]:
+    """Split tasks into batches of about equal size, each at most about ``batch_bytes``.
+
+    Equal sizes matter because nvCOMP's throughput grows with the streams per call: a
+    4 GiB read in batches of 1 + 1 + 1 + 0.1 GiB ends on a slow call.
+    """
+    costs = [_cost(t) for t in tasks]
+    most = max_ops()
+    total = sum(costs)
+    count = max(1, -(-total // max(batch_bytes, 1)), -(-len(tasks) // most))
+    limit = total / count
+    out, cur, cum, index = [], [], 0, 0
+    for t, n in zip(tasks, costs):
+        # a task joins the batch its middle byte falls in
+        mid = int((cum + n / 2) // limit) if limit else 0
+        if cur and (mid > index or len(cur) >= most):
+            out.append(cur)
+            cur, index = [], mid
+        cur.append(t)
+        cum += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a staging slot's alignment."""
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def slots(batch: list[ChunkTask]) -> tuple[list[ChunkTask], list[int], int]:
+    """The batch's staged tasks, where each one's bytes start in its staging buffer, and
+    the bytes they take."""
+    staged = [t for t in batch if t.direct is None]
+    offsets, total = [], 0
+    for t in staged:
+        # start the slot so that the bare stream after the codec's framing is aligned
+        lead = stream_lead(t.spec.recipe.bytes_codecs)
+        start = total + (_ALIGN - lead) % _ALIGN
+        offsets.append(start)
+        total = aligned(start + t.nbytes)
+    return staged, offsets, total
+
+
+def staging_bytes(all_slots: list[tuple[list[ChunkTask], list[int], int]]) -> int:
+    """The size every staging buffer of a read is given: its largest batch's (``all_slots``:
+    :func:`slots` of each batch). Buffers of one size are reused whole by the memory pool;
+    a slightly larger one would be carved out of the block a decode's output was just freed
+    from, which then no longer fits that output and is allocated anew (a Blosc read grew by
+    one batch's decoded bytes so)."""
+    return max((total for _, _, total in all_slots), default=0)
+
+
+@dataclass
+class Segment:
+    """Pieces of one request that become a batch when it is submitted
+    (:meth:`.schedule.Scheduler.streams`)."""
+
+    out: int
+    spec: ArraySpec
+    pieces: list[ChunkPiece]
+
+    def staging_bound(self) -> int:
+        """Staging bytes the batch can take: every piece staged, slots aligned."""
+        return len(self.pieces) * aligned(self.spec.recipe.nbytes)
+
+    def locate(self, outs: list, device: Any) -> list[ChunkTask]:
+        """Locate and plan the pieces; the regions of missing chunks get the fill value."""
+        tasks, missing = locate(self.spec, self.pieces, self.out, device)
+        if missing:
+            found = {id(t.piece) for t in tasks}
+            for p in self.pieces:
+                if id(p) not in found:
+                    scatter(device.xp, outs[self.out], p.out_sel, self.spec.fill_value)
+        prepare(tasks, outs[self.out])
+        return tasks
+
+
+def segments(streamed: list[tuple[int, ArraySpec, list[ChunkPiece]]], batch_bytes: int) -> list[Segment]:
+    """Split streamed requests into segments of about ``batch_bytes`` (at most
+    :func:`max_ops` pieces), as :func:`batches` splits located tasks."""
+    out = []
+    for i, spec, pieces in streamed:
+        n = len(pieces)
+        count = max(1, -(-n * spec.recipe.nbytes // max(batch_bytes, 1)), -(-n // max_ops()))
+        step = -(-n // count)
+        out.extend(Segment(i, spec, pieces[k : k + step]) for k in range(0, n, step))
+    return out
+
+
+def progress_bytes(tasks: list[ChunkTask]) -> int:
+    """The bytes the progress bar counts for ``tasks``: what is read for them."""
+    return sum(t.direct[1] if t.direct else t.nbytes for t in tasks)

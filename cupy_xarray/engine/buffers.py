@@ -1,0 +1,59 @@
+"""Memory and streams the engine's stages share: page-locked host buffers, each thread's own
+reusable host buffers and CUDA streams."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import numpy as np
+
+_local = threading.local()
+
+
+def pinned_buffer(nbytes: int) -> np.ndarray:
+    """Page-locked host memory (cupy's pinned pool): copies from it to the GPU run at full speed."""
+    import cupyx
+
+    return cupyx.empty_pinned((max(nbytes, 1),), dtype=np.uint8)
+
+
+def thread_buffer(name: str, nbytes: int, pinned: bool = False) -> np.ndarray:
+    """This thread's host buffer ``name`` of at least ``nbytes`` (grown, never shrunk);
+    ``pinned``: page-locked, so that copies from it to the GPU run at full speed."""
+    key = f"{name}-pinned" if pinned else name
+    buf = getattr(_local, key, None)
+    if buf is None or len(buf) < nbytes:
+        buf = pinned_buffer(nbytes) if pinned else np.empty(max(nbytes, 1), dtype=np.uint8)
+        setattr(_local, key, buf)
+    return buf[:nbytes]
+
+
+def _thread_stream(cupy: Any, name: str) -> Any:
+    """This thread's CUDA stream ``name`` on the current device, made on first use."""
+    key = f"stream-{name}"
+    s = getattr(_local, key, None)
+    if s is None or s.device_id != cupy.cuda.Device().id:
+        s = cupy.cuda.Stream()
+        setattr(_local, key, s)
+    return s
+
+
+def thread_stream(cupy: Any) -> Any:
+    """This thread's CUDA stream (one per thread: reads and jobs of different threads overlap)."""
+    return _thread_stream(cupy, "jobs")
+
+
+def side_stream(cupy: Any) -> Any:
+    """This thread's second CUDA stream: for work started ahead of what its own stream runs
+    (:func:`thread_stream`), so that the two overlap. Blocking, as that one is: both wait for
+    copies on the legacy default stream."""
+    return _thread_stream(cupy, "side")
+
+
+@contextlib.contextmanager
+def on_thread_stream(cupy: Any):
+    """Make this thread's own CUDA stream the current one."""
+    with thread_stream(cupy):
+        yield

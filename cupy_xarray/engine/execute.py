@@ -1,0 +1,216 @@
+"""Execute: located tasks -> their outputs, batches in flight.
+
+The scheduler splits the tasks by route (:meth:`.schedule.Scheduler.plan`). The host route's
+jobs start on CPU threads (:mod:`.host`); the batches are read by the device's I/O (kvikio
+on a GPU) into staging, ``depth`` of them in flight: while one batch is decoded (one call
+per codec, :func:`.decoders.decode_group`) and placed (:func:`.place.place_group`), the next
+ones are read, and the next batch's checks start on a side stream once its reads land.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import numpy as np
+
+from . import batches as cut
+from . import host
+from .buffers import side_stream
+from .decoders import decode_group, prepare_group, prepares, while_decoding
+from .io import ReadOp
+from .place import bytes_of, copy_twins, host_twins, place_group, plan_boxes
+from .read import Read
+from .schedule import learn_from
+from .tasks import ChunkTask, Group
+
+
+def _submit(session: Any, batch: list[ChunkTask], read: Read, size: int, slots=None):
+    """Allocate the batch's staging buffer (at least ``size`` bytes: :func:`.batches.staging_bytes`)
+    and start its reads; what to wait on for them (the tasks hold the staging). ``slots``:
+    :func:`.batches.slots` of the batch, where already computed."""
+    staged, offsets, total = slots if slots is not None else cut.slots(batch)
+    staging = read.device.empty((max(total, size),), np.uint8) if staged else None  # none for direct reads
+    ops = []
+    for t, off in zip(staged, offsets):
+        t.staging = staging
+        t.data = staging[off : off + t.nbytes]
+        t.stage = off
+        ops.append(ReadOp(t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key, t.blob))
+    flat: dict[int, Any] = {}
+    for t in batch:
+        if t.direct is not None:
+            file_off, n, out_off = t.direct
+            if t.out not in flat:
+                flat[t.out] = bytes_of(read.outs[t.out])
+            dest = flat[t.out][out_off : out_off + n]
+            ops.append(ReadOp(t.path, file_off, n, dest, t.spec.name, t.key, t.blob))
+    return session.submit(ops)
+
+
+def _groups(batch: list[ChunkTask], on_gpu: dict) -> list[Group]:
+    """A batch's staged tasks by recipe: each group is decoded in one call per codec."""
+    groups: dict[int, list[ChunkTask]] = {}
+    for t in batch:
+        if t.direct is None:
+            groups.setdefault(id(t.spec.recipe), []).append(t)
+    return [Group(tasks, on_gpu.get(key, False)) for key, tasks in groups.items()]
+
+
+def _side(device: Any) -> Any:
+    """The stream work started ahead runs on (:func:`.buffers.side_stream`); none on the CPU."""
+    return side_stream(device.xp) if device.name == "gpu" else contextlib.nullcontext()
+
+
+def _start_ahead(groups: list[Group], device: Any) -> bool:
+    """Start what the groups need before their decode (:func:`.decoders.prepare_group`), on
+    the current stream; whether any group had something to start."""
+    started = False
+    for group in groups:
+        prepare_group(group, device)
+        started = started or group.ready is not None
+    return started
+
+
+def _ahead(groups: list[Group], waiter: Any, read: Read, state: dict):
+    """The work that starts a batch's checks on the side stream once its reads have landed,
+    run while the batch before it decodes; it records ``started``, or the ``error`` (raised
+    after that decode), and its time in ``clock.ahead``."""
+    device, clock = read.device, read.clock
+
+    def work() -> None:
+        t0 = time.perf_counter()
+        try:
+            waiter.wait()
+            with _side(device):
+                state["started"] = _start_ahead(groups, device)
+        except BaseException as exc:  # noqa: BLE001 - raised once the decode it overlaps is done
+            state["error"] = exc
+        finally:
+            clock.ahead += time.perf_counter() - t0
+
+    return work
+
+
+def _finish(groups: list[Group], read: Read, geometry: dict) -> None:
+    """Decode a batch whose reads have landed and place its chunks (``geometry``: see
+    :func:`.place.place_group`)."""
+    clock = read.clock
+    for group in groups:
+        t0, ahead = time.perf_counter(), clock.ahead
+        if group.recipe.bytes_codecs:
+            decode_group(group, read.device, clock)
+            # the group's own decode time: the scheduler learns rates from it
+            clock.groups[id(group.recipe)] += time.perf_counter() - t0 - (clock.ahead - ahead)
+        place_group(group, read.outs, read.device, geometry)
+        clock.lap("scatter")
+        group.release()
+
+
+def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = True) -> None:
+    """Read, decode and place located tasks into the read's outputs. ``assemble``: a small GPU
+    read may be assembled in pinned host memory (:func:`.place.host_twins`); ``streamed``:
+    requests located and planned a batch at a time, as their batches are submitted."""
+    device, clock, options = read.device, read.clock, read.options
+    outs = read.outs
+    limit = cut.staging_limit(outs, read.batch_bytes, read.decode, options)
+    plan = read.scheduler.plan(tasks, device, read.decode, limit)
+    read.report.decisions.extend(plan.decisions)
+    batched, on_host = plan.batched, plan.on_host
+    plan_boxes(batched, outs)
+    depth = cut.depth(batched, clock.crowded, options)
+    batches: list = cut.batches(batched, limit * 2 // depth) if batched else []
+    slots: list = [cut.slots(b) for b in batches]
+    size = cut.staging_bytes(slots)
+    if streamed:
+        segments = cut.segments(streamed, limit * 2 // depth)
+        size = max([size] + [seg.staging_bound() for seg in segments])
+        batches += segments
+        slots += [None] * len(segments)
+    read.report.batches += len(batches)
+    read.report.staging_bytes = max(read.report.staging_bytes, size)
+    grouped: dict[int, list[Group]] = {}
+
+    def groups_of(k: int) -> list[Group]:
+        if k not in grouped:
+            grouped[k] = _groups(batches[k], plan.on_gpu)
+        return grouped[k]
+
+    def submit(k: int):
+        if isinstance(batches[k], cut.Segment):
+            located = batches[k].locate(outs, device)
+            tasks.extend(located)  # released with the others
+            read.grow_progress(cut.progress_bytes(located))
+            batches[k] = located
+        return _submit(session, batches[k], read, size, slots[k])
+
+    pending: list = []
+    jobs = None
+    try:
+        twins = host_twins(read, on_host, batches) if assemble else None
+        # reads of the host route alone need no session (kvikio's setup costs every dask task)
+        with device.io.session(device.threads) if batches else contextlib.nullcontext() as session:
+            try:
+                alone = not batches  # nothing else runs beside the host route's jobs
+                if twins is not None:
+                    jobs = host.start(on_host, twins, host.host_device(device), options, inline=alone)
+                else:
+                    jobs = host.start(on_host, outs, device, options, inline=alone)
+                for k in range(min(depth - 1, len(batches))):
+                    pending.append(submit(k))
+                ahead: dict = {}  # the next batch's checks, started while this one decodes
+                geometry: dict = {}  # per output: its pieces' box copies (Boxes)
+                for b in range(len(batches)):
+                    if b + depth - 1 < len(batches):
+                        pending.append(submit(b + depth - 1))
+                    clock.lap("submit")
+                    waiter = pending.pop(0)
+                    waiter.wait()
+                    clock.lap("io wait")
+                    groups = groups_of(b)
+                    if not ahead.pop("started", False):
+                        _start_ahead(groups, device)
+                    # (the next batch is located: it was submitted before this one was waited for)
+                    nxt = groups_of(b + 1) if b + 1 < len(batches) else None
+                    if nxt is not None and any(prepares(g, device) for g in nxt):
+                        work = _ahead(nxt, pending[0], read, ahead)
+                        with while_decoding(work):
+                            _finish(groups, read, geometry)
+                        if not ahead:  # no decode of this batch ran on the GPU: now, then
+                            work()
+                        if "error" in ahead:
+                            raise ahead.pop("error")
+                    else:
+                        _finish(groups, read, geometry)
+                    device.synchronize()  # staging memory is reused by the next batch's reads
+                    # hold no reference to this batch's staging: the next batch's is allocated
+                    # before this loop comes back, and only ``depth`` may be alive at once
+                    waiter = None
+                    grouped.pop(b, None)
+                    clock.lap("sync")
+                    read.advance(cut.progress_bytes(batches[b]))
+                jobs.wait()
+                if twins is not None:
+                    copy_twins(twins, outs, device)
+                clock.lap("host route")
+                clock.stats.update(jobs.stats or {})
+                learn_from(plan.decisions, tasks, device, clock, jobs)
+                read.advance(sum(t.nbytes for t in on_host))
+            except BaseException:
+                # let reads in flight land before their buffers are released
+                if jobs is not None:
+                    jobs.cancel()
+                if device.name == "gpu" and batches:
+                    side_stream(device.xp).synchronize()  # checks started ahead read staging
+                for waiter in pending:
+                    try:
+                        waiter.wait()
+                    except Exception:  # noqa: BLE001 - the first error is the one reported
+                        pass
+                outs.clear()
+                raise
+    finally:
+        pending.clear()
+        for t in tasks:
+            t.release()

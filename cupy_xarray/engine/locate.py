@@ -1,0 +1,169 @@
+"""Locate: chunk pieces -> tasks. Where each piece's stored bytes are: a chunk file (its
+size checked), an inner chunk of a shard (from the shard's index), or the bytes fetched from
+a remote store (whole chunks; for shards the indexes, then the inner chunks' ranges,
+neighbours coalesced)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+from ..errors import ChunkError
+from .plan import ChunkPiece
+from .schedule import lands_pinned
+from .shards import EMPTY, read_shard_index, remote_shard_indexes, stored_bound
+from .spec import ArraySpec
+from .tasks import ChunkTask
+
+
+def locate(
+    spec: ArraySpec, pieces: list[ChunkPiece], out: int, device: Any = None, decode: str = "auto"
+) -> tuple[list[ChunkTask], int]:
+    """Find each piece's bytes; return (tasks, number of missing chunks). ``device`` and
+    ``decode``: where the read goes and how it decodes (fetched bytes that go to a GPU as
+    they are land in pinned memory: :func:`.schedule.lands_pinned`)."""
+    if spec.source is not None:
+        tasks, missing_pieces = fetch(spec, pieces, out, device=device, decode=decode)
+        return tasks, len(missing_pieces)
+    tasks: list[ChunkTask] = []
+    missing = 0
+    if spec.shard is None:
+        root = os.path.join(spec.directory, "")
+        for p in pieces:
+            key = spec.chunk_key(p.coords)
+            path = root + key
+            try:
+                st = spec.stat_file(path, key)
+            except FileNotFoundError:
+                missing += 1
+                continue
+            except OSError as exc:
+                raise ChunkError(f"cannot stat chunk: {exc}", array=spec.name, chunk=key, path=path) from exc
+            if stat.S_ISDIR(st.st_mode):
+                raise ChunkError(
+                    "chunk path is a directory, not a file", array=spec.name, chunk=key, path=path
+                )
+            tasks.append(ChunkTask(out, spec, p, path, key, 0, st.st_size))
+        return tasks, missing
+    indexes: dict[tuple[int, ...], Any] = {}
+    for p, (shard, local) in zip(pieces, places(spec, pieces)):
+        if shard not in indexes:
+            indexes[shard] = read_shard_index(spec, shard)
+        found = inner(spec, shard, local, indexes[shard])
+        if found is None:
+            missing += 1
+            continue
+        offset, nbytes, key = found
+        tasks.append(ChunkTask(out, spec, p, spec.chunk_path(shard), key, offset, nbytes))
+    return tasks, missing
+
+
+def places(spec: ArraySpec, pieces: list[ChunkPiece]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each piece's shard, and its chunk's place in that shard (a sharded array)."""
+    per_shard = spec.shard.chunks_per_shard(spec.chunks)
+    found = []
+    for p in pieces:
+        shard = tuple(c // n for c, n in zip(p.coords, per_shard))
+        found.append((shard, tuple(c % n for c, n in zip(p.coords, per_shard))))
+    return found
+
+
+def inner(spec: ArraySpec, shard: tuple[int, ...], local: tuple[int, ...], index: Any) -> tuple | None:
+    """Where inner chunk ``local`` lies in its shard, from the shard's index: (offset, nbytes,
+    the name errors give it); None where the shard or the chunk does not exist."""
+    if index is None or index[local + (0,)] == EMPTY:
+        return None
+    offset, nbytes = (int(v) for v in index[local])
+    return offset, nbytes, f"{spec.chunk_key(shard)}[inner {', '.join(map(str, local))}]"
+
+
+def fetch(
+    spec: ArraySpec,
+    pieces: list[ChunkPiece],
+    out: int,
+    indexes: dict | None = None,
+    device: Any = None,
+    decode: str = "auto",
+) -> tuple[list[ChunkTask], list[ChunkPiece]]:
+    """:func:`locate` for a remote store: fetch the pieces' objects (whole chunks; for sharded
+    arrays the shards' indexes, then their inner chunks' ranges, neighbours coalesced).
+    Returns (tasks, the pieces whose chunks do not exist). ``indexes``: shard indexes already
+    fetched (filled in; default the source's own, kept while the dataset is open); ``device``
+    and ``decode``: where the read goes and how it decodes (:func:`.schedule.lands_pinned`)."""
+    from .remote import Request, coalesce
+
+    source = spec.source
+    pinned = lands_pinned(spec, device, decode)
+    tasks: list[ChunkTask] = []
+    missing: list[ChunkPiece] = []
+    if spec.shard is None:
+        keys = [spec.chunk_key(p.coords) for p in pieces]
+        most = stored_bound(spec.recipe.nbytes)
+        blobs = source.fetch([Request(k, most=most) for k in keys], pinned=pinned)
+        for p, key, blob in zip(pieces, keys, blobs):
+            if blob is None:
+                missing.append(p)
+            else:
+                tasks.append(ChunkTask(out, spec, p, source.location(key), key, 0, len(blob), blob=blob))
+        return tasks, missing
+    where = places(spec, pieces)
+    cache = source.shard_indexes if indexes is None else indexes
+    known = known_indexes(spec, [shard for shard, _ in where], cache)
+    wanted: dict[tuple[int, ...], list[tuple[ChunkPiece, int, int, str]]] = {}
+    for p, (shard, local) in zip(pieces, where):
+        found = inner(spec, shard, local, known[shard])
+        if found is None:
+            missing.append(p)
+            continue
+        wanted.setdefault(shard, []).append((p, *found))
+    requests, members = [], []
+    for shard, items in wanted.items():
+        for start, end, held in coalesce([(o, o + n) for _, o, n, _ in items]):
+            requests.append(Request(spec.chunk_key(shard), start, end))
+            members.append((shard, start, held))
+    blobs = source.fetch(requests, [wanted[sh][held[0]][3] for sh, _, held in members], pinned=pinned)
+    for (shard, start, held), blob, req in zip(members, blobs, requests):
+        for i in held:
+            p, offset, nbytes, key = wanted[shard][i]
+            if blob is None:
+                raise ChunkError(
+                    "the shard disappeared while it was read",
+                    array=spec.name,
+                    chunk=key,
+                    path=source.location(req.key),
+                )
+            location = source.location(req.key)
+            tasks.append(ChunkTask(out, spec, p, location, key, offset - start, nbytes, blob=blob))
+    return tasks, missing
+
+
+def known_indexes(spec: ArraySpec, shards: list[tuple[int, ...]], cache: dict) -> dict:
+    """The index of each shard (None: no such shard): from ``cache`` where it is kept, the
+    others fetched at once and kept there."""
+    known, new = {}, []
+    for sh in dict.fromkeys(shards):
+        index = cache.get((id(spec), sh), _UNKNOWN)
+        if index is _UNKNOWN:
+            new.append(sh)
+        else:
+            known[sh] = index
+    for sh, index in zip(new, remote_shard_indexes(spec, new)):
+        known[sh] = index
+        spec.source.remember(cache, (id(spec), sh), index)
+    return known
+
+
+_UNKNOWN = object()
+
+
+def shard_indexes(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]]) -> dict:
+    """The indexes of every shard the remote requests touch, fetched at once before the waves
+    (waves fetched side by side would otherwise each fetch the indexes they share)."""
+    indexes: dict = {}
+    for _, spec, pieces in remote:
+        if spec.shard is not None:
+            shards = [shard for shard, _ in places(spec, pieces)]
+            for sh, index in known_indexes(spec, shards, spec.source.shard_indexes).items():
+                indexes[id(spec), sh] = index
+    return indexes

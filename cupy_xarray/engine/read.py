@@ -1,0 +1,247 @@
+"""A read: one object that every stage of the engine takes, and the report it leaves.
+
+:class:`Read` is built once per :func:`~.reader.read_arrays` call from its requests, the
+device and the settings in effect (:mod:`cupy_xarray.options`), with the route policy (a
+:class:`~.schedule.Scheduler`), the outputs and the read's :class:`ReadReport`. A report
+belongs to its read: inside ``with record_reads() as reports:``, each read the block makes
+(in this thread, and in the engine's threads working for it) appends its own, so concurrent
+reads never overwrite each other's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import OutOfMemoryError
+from ..options import Options
+from .plan import output_shape
+from .schedule import Decision, Scheduler
+from .spec import ArraySpec
+
+
+@dataclass
+class ReadReport:
+    """What one read did.
+
+    Attributes
+    ----------
+    arrays
+        The arrays read, by name.
+    device, decode
+        Where the outputs went, and the ``decode`` choice.
+    nbytes
+        Bytes of the outputs.
+    seconds
+        Wall time of the read.
+    phases
+        Seconds per phase (plan, submit, io wait, decode ..., scatter, host route); exact
+        with the ``profile`` option, which synchronizes the GPU between phases.
+    decisions
+        Where each group of compressed chunks was decoded and why (:class:`~.schedule.Decision`).
+    batches
+        Batches read with kvikio / the I/O threads (0: the host route alone).
+    staging_bytes
+        Memory each batch's staging buffer took beside the outputs (0: none).
+    crowded
+        Another read ran beside this one (its timings are not its own).
+    """
+
+    arrays: list[str] = field(default_factory=list)
+    device: str = ""
+    decode: str = "auto"
+    nbytes: int = 0
+    seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    decisions: list[Decision] = field(default_factory=list)
+    batches: int = 0
+    staging_bytes: int = 0
+    crowded: bool = False
+
+    def __str__(self) -> str:
+        gbs = self.nbytes / self.seconds / 1e9 if self.seconds else 0.0
+        lines = [
+            f"read of {', '.join(self.arrays) or 'nothing'} to the {self.device}: "
+            f"{self.nbytes / 2**20:.1f} MiB in {self.seconds * 1e3:.1f} ms ({gbs:.2f} GB/s), "
+            f"{self.batches} batch(es), "
+            f"staging {self.staging_bytes / 2**20:.1f} MiB, decode={self.decode!r}"
+        ]
+        lines += [f"  {d}" for d in self.decisions]
+        return "\n".join(lines)
+
+
+_recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_reports", default=None)
+
+
+@contextlib.contextmanager
+def record_reads():
+    """Collect the :class:`ReadReport` of every read made inside the block::
+
+    with cupy_xarray.record_reads() as reports:
+        ds.load()
+    print(reports[-1])
+    """
+    reports: list[ReadReport] = []
+    token = _recorders.set(reports)
+    try:
+        yield reports
+    finally:
+        _recorders.reset(token)
+
+
+class Clock:
+    """Where a read's time goes, phase by phase."""
+
+    def __init__(self, device: Any, exact: bool = False) -> None:
+        self.device = device
+        self.exact = exact
+        self.stats: dict[str, float] = defaultdict(float)
+        self.groups: dict[int, float] = defaultdict(float)  # decode seconds per recipe
+        self.crowded = False  # another read ran beside this one (its timings are not its own)
+        self.ahead = 0.0  # seconds of the next batch's work run inside this batch's decodes
+        self.t = self.start = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        if self.exact and getattr(self.device, "name", None) == "gpu":
+            self.device.xp.cuda.Device().synchronize()  # every stream: nvCOMP runs on its own
+        now = time.perf_counter()
+        self.stats[phase] += now - self.t
+        self.t = now
+
+
+class Read:
+    """One read of selections of many arrays: everything its stages share.
+
+    Parameters
+    ----------
+    requests
+        ``(spec, selection)`` pairs, the selections normalized.
+    device
+        Where the outputs go.
+    options
+        The settings in effect (:func:`cupy_xarray.options.get_options`).
+    decode, batch_bytes, progress
+        The read's own choices (the options' where not given).
+    scheduler
+        Gives each chunk its route.
+    """
+
+    def __init__(
+        self,
+        requests: list[tuple[ArraySpec, tuple]],
+        device: Any,
+        options: Options,
+        decode: str,
+        batch_bytes: int | None,
+        progress: bool,
+        scheduler: Scheduler,
+    ) -> None:
+        self.requests = requests
+        self.device = device
+        self.options = options
+        self.decode = decode
+        self.batch_bytes = batch_bytes
+        self.progress = progress
+        self.scheduler = scheduler
+        self.outs: list[Any] = [None] * len(requests)
+        self.filled: set[int] = set()  # outputs with missing chunks: filled with the fill value first
+        self.clock = Clock(device, options.profile)
+        self.bar: Any = None
+        self.report = ReadReport(
+            arrays=[spec.name for spec, _ in requests],
+            device=getattr(device, "name", "buffer prototype"),
+            decode=decode,
+        )
+
+    @property
+    def on_gpu(self) -> bool:
+        return getattr(self.device, "name", None) == "gpu"
+
+    def progress_bar(self, total: int) -> None:
+        """Start the progress bar over ``total`` bytes (with ``progress``)."""
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading")
+
+    def grow_progress(self, nbytes: int) -> None:
+        if self.bar is not None:
+            self.bar.total += nbytes
+            self.bar.refresh()
+
+    def advance(self, nbytes: int) -> None:
+        if self.bar is not None:
+            self.bar.update(nbytes)
+
+    def finish(self) -> None:
+        """Close the progress bar and file the report (with the reads being recorded)."""
+        if self.bar is not None:
+            self.bar.close()
+        report = self.report
+        report.seconds = time.perf_counter() - self.clock.start
+        report.phases = dict(self.clock.stats)
+        report.crowded = self.clock.crowded
+        report.nbytes = sum(int(getattr(o, "nbytes", 0)) for o in self.outs if o is not None)
+        reports = _recorders.get()
+        if reports is not None:
+            reports.append(report)
+
+
+class _Running:
+    """The reads running in this process now: two that overlap are each marked crowded
+    (their timings are not their own, so the scheduler does not learn from them, and
+    uncompressed reads keep fewer batches in flight)."""
+
+    def __init__(self) -> None:
+        self._clocks: set[Clock] = set()
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def running(self, clock: Clock):
+        with self._lock:
+            if self._clocks:
+                clock.crowded = True
+                for other in self._clocks:
+                    other.crowded = True
+            self._clocks.add(clock)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._clocks.discard(clock)
+
+
+RUNNING = _Running()
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_memory(
+    requests: list[tuple[ArraySpec, tuple]], device: Any, batch_bytes: int, options: Options
+) -> None:
+    """Refuse a read whose outputs and read buffers cannot fit in the device's free memory
+    (reads below the ``check_memory_bytes`` option are not checked: asking the driver costs
+    every read, and an allocation that fails still raises OutOfMemoryError)."""
+    out = sum(math.prod(output_shape(sel, spec.shape)) * spec.dtype.itemsize for spec, sel in requests)
+    needed = out + min(batch_bytes, 2 * out)
+    if needed < options.check_memory_bytes:
+        return
+    free = device.free_bytes()
+    if free is None:
+        return
+    if needed > free:
+        names = ", ".join(repr(spec.name) for spec, _ in requests[:5]) + (" ..." if len(requests) > 5 else "")
+        raise OutOfMemoryError(
+            f"reading {names} needs about {_gib(needed)} of {device.name.upper()} memory ({_gib(out)} of "
+            f"output plus up to {_gib(needed - out)} of read buffers), but only {_gib(free)} is free; "
+            "open the store lazily with chunks={...} (dask reads one piece at a time) or select a "
+            "subset (.isel/.sel) before loading"
+        )

@@ -1,0 +1,100 @@
+"""Remote waves: a large read from a remote store is fetched in waves of about the
+``wave_bytes`` option (decoded bytes), several side by side, each wave decoded and placed
+(:func:`.execute.execute`) while the next ones are fetched."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..options import Options, carried
+from .batches import progress_bytes
+from .execute import execute
+from .locate import fetch, shard_indexes
+from .place import prepare
+from .plan import ChunkPiece
+from .read import Read
+from .scatter import scatter
+from .spec import ArraySpec
+from .tasks import ChunkTask
+
+Request = tuple[int, ArraySpec, list[ChunkPiece]]
+
+
+def wave_bytes(device: Any, decode: str, batch_bytes: int | None, options: Options) -> int:
+    """Decoded bytes per wave: ``wave_bytes``; for ``decode="gpu"`` on a GPU, the batch size
+    (default ``gpu_wave_bytes``: nvCOMP's rate grows with the streams per call), within
+    ``wave_bytes`` and half of ``fetch_ahead_bytes`` (all options)."""
+    if decode != "gpu" or getattr(device, "name", "") != "gpu":
+        return options.wave_bytes
+    wanted = batch_bytes if batch_bytes is not None else options.gpu_wave_bytes
+    return max(options.wave_bytes, min(wanted, options.fetch_ahead_bytes // 2))
+
+
+def waves(remote: list[Request], size: int) -> list[list]:
+    """Split the pieces of remote requests into waves of about ``size`` decoded bytes."""
+    out: list[list] = []
+    cur: list = []
+    held = 0
+    for i, spec, pieces in remote:
+        chunk = spec.recipe.nbytes
+        for p in pieces:
+            if cur and held + chunk > size:
+                out.append(cur)
+                cur, held = [], 0
+            if cur and cur[-1][0] == i:
+                cur[-1][2].append(p)
+            else:
+                cur.append((i, spec, [p]))
+            held += chunk
+    if cur:
+        out.append(cur)
+    return out
+
+
+def fetch_wave(wave: list, indexes: dict, device: Any = None, decode: str = "auto") -> list:
+    """Fetch one wave: per request, (output index, spec, tasks, missing pieces)."""
+    return [(i, spec, *fetch(spec, pieces, i, indexes, device, decode)) for i, spec, pieces in wave]
+
+
+def execute_waves(read: Read, remote: list[Request], size: int) -> None:
+    """Fetch large remote reads in waves of ``size``, several side by side (at least the
+    ``waves_ahead`` option, more where waves hold few chunks so that about
+    ``remote_concurrency`` requests stay in flight, at most ``fetch_ahead_bytes`` of them),
+    each wave decoded while the next ones are fetched."""
+    options, device = read.options, read.device
+    indexes = shard_indexes(remote)
+    planned = waves(remote, size)
+    per_wave = sum(len(pieces) for wave in planned for _, _, pieces in wave) / len(planned)
+    depth = max(options.waves_ahead, math.ceil(options.remote_concurrency / per_wave))
+    depth = max(1, min(depth, options.fetch_ahead_bytes // size, len(planned) - 1))
+    it = iter(planned)
+    ahead: list = []
+    # one thread per wave in flight: their fetches overlap on zarr's event loop
+    fetcher = ThreadPoolExecutor(depth + 1, thread_name_prefix="cupy-xarray-fetch")
+    run = carried(fetch_wave)  # with this read's settings
+
+    def more() -> None:
+        wave = next(it, None)
+        if wave is not None:
+            ahead.append(fetcher.submit(run, wave, indexes, device, read.decode))
+
+    try:
+        for _ in range(depth + 1):
+            more()
+        while ahead:
+            fetched = ahead.pop(0).result()
+            more()
+            read.clock.lap("fetch wait")
+            tasks: list[ChunkTask] = []
+            for i, spec, found, missing in fetched:
+                for p in missing:
+                    scatter(device.xp, read.outs[i], p.out_sel, spec.fill_value)
+                prepare(found, read.outs[i])
+                tasks.extend(found)
+            read.grow_progress(progress_bytes(tasks))
+            if tasks:
+                execute(read, tasks, assemble=False)
+    finally:
+        fetcher.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,246 @@
+"""Every setting of the engine in one place, and ``set_options`` to change them for a while.
+
+The defaults come from the environment (``CUPY_XARRAY_<NAME>``, read here once, at import)
+and otherwise from the table below. :func:`set_options` changes them for the code inside its
+``with`` block, in the calling thread (and in the engine's own worker threads while that code
+reads); other threads and other reads keep theirs, so concurrent reads never see each
+other's settings. A lazily opened dataset keeps the settings in effect when it was opened,
+so its dask tasks read the same way on any thread or worker::
+
+    with cupy_xarray.set_options(decode="cpu", remote_timeout=10):
+        ds = xr.open_dataset("s3://bucket/data.zarr", engine="kvikio")
+        ds.load()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+DECODE_CHOICES = ("auto", "gpu", "cpu")
+
+
+@functools.cache
+def cores() -> int:
+    """CPU cores of this machine (asked once)."""
+    return os.cpu_count() or 4
+
+
+@dataclass(frozen=True)
+class Options:
+    """The engine's settings (see :func:`set_options` for what each one does)."""
+
+    # -- what users set ---------------------------------------------------------------------
+    decode: str = "auto"
+    threads: int | None = None
+    decode_threads: int | None = None
+    batch_bytes: int | None = None
+    progress: bool = False
+    profile: bool = False
+    calibrate: bool = True
+    cache_dir: str | None = None
+    decode_timeout: float = 120.0
+    nvcomp_c: bool = True
+    max_chunk_bytes: int = 2**32
+    # remote stores
+    remote_timeout: float = 120.0
+    remote_retries: int = 4
+    remote_concurrency: int = 64
+    remote_backoff: float = 0.1
+    remote_backoff_max: float = 5.0
+    threaded_http: bool = True
+    http_threads: int = 32
+    max_cached_indexes: int = 4096
+    coalesce_gap: int = 1 << 20
+    coalesce_max: int = 64 << 20
+    # -- how the engine cuts a read up (measured on an H200 host; see the engine docs) -----
+    default_batch_bytes: int = 2048 * 2**20
+    host_assembly_bytes: int = 16 * 2**20
+    check_memory_bytes: int = 64 * 2**20
+    stream_bytes: int = 256 * 2**20
+    uncompressed_depth: int = 4
+    wave_bytes: int = 128 * 2**20
+    gpu_wave_bytes: int = 512 * 2**20
+    waves_ahead: int = 3
+    fetch_ahead_bytes: int = 2 * 2**30
+    inline_bytes: int = 4 * 2**20
+    inline_read_bytes: int = 256 * 2**10
+    job_bytes: int = 4 * 2**20
+    small_read_bytes: int = 64 * 2**20
+    split_gain: float = 0.6
+    box_min_row: int = 512
+    box_max_copies: int = 16
+
+    def host_decode_threads(self) -> int:
+        """CPU threads that decode for a GPU read: ``decode_threads``, else one per core (at most 32)."""
+        return max(1, self.decode_threads or min(32, cores()))
+
+    def io_threads(self) -> int:
+        """I/O threads where none are asked for: ``threads``, else one per core, 4 to 32
+        (kvikio's own default of one thread is about 8x slower on an H200 host than 16)."""
+        return max(1, self.threads) if self.threads else min(32, max(4, cores()))
+
+
+#: environment variable -> field, for the settings that have one
+ENVIRONMENT = {
+    "CUPY_XARRAY_DECODE": "decode",
+    "CUPY_XARRAY_THREADS": "threads",
+    "CUPY_XARRAY_DECODE_THREADS": "decode_threads",
+    "CUPY_XARRAY_PROFILE": "profile",
+    "CUPY_XARRAY_CALIBRATE": "calibrate",
+    "CUPY_XARRAY_CACHE": "cache_dir",
+    "CUPY_XARRAY_DECODE_TIMEOUT": "decode_timeout",
+    "CUPY_XARRAY_NVCOMP_C": "nvcomp_c",
+    "CUPY_XARRAY_MAX_CHUNK_BYTES": "max_chunk_bytes",
+    "CUPY_XARRAY_REMOTE_TIMEOUT": "remote_timeout",
+    "CUPY_XARRAY_REMOTE_RETRIES": "remote_retries",
+    "CUPY_XARRAY_REMOTE_CONCURRENCY": "remote_concurrency",
+    "CUPY_XARRAY_THREADED_HTTP": "threaded_http",
+    "CUPY_XARRAY_HTTP_THREADS": "http_threads",
+}
+
+_TYPES = {f.name: f.type for f in fields(Options)}
+
+
+def _convert(name: str, value: Any, source: str) -> Any:
+    """``value`` as field ``name`` holds it; ValueError naming ``source`` where it cannot be."""
+    kind = _TYPES[name]
+    try:
+        if isinstance(value, str):
+            if "bool" in kind:
+                if value.strip().lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.strip().lower() in ("0", "false", "no", "off", ""):
+                    return False
+                raise ValueError(value)
+            if value == "" and "None" in kind:
+                return None
+            if kind.startswith("int"):
+                return int(value)
+            if kind.startswith("float"):
+                return float(value)
+            return value
+        if value is None and "None" in kind:
+            return value
+        if "bool" in kind:
+            if not isinstance(value, bool):
+                raise TypeError(value)
+            return value
+        if kind.startswith("int") and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(value)
+        if kind.startswith("float") and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise TypeError(value)
+        return value
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be {kind.replace(' | None', ' or None')}, got {value!r} ({source})"
+        ) from None
+
+
+def _check(options: Options, source: str) -> Options:
+    if options.decode not in DECODE_CHOICES:
+        raise ValueError(f"decode must be 'auto', 'gpu' or 'cpu', got {options.decode!r} ({source})")
+    for name in ("threads", "decode_threads", "batch_bytes"):
+        value = getattr(options, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"{name} must be a positive number or None, got {value!r} ({source})")
+    return options
+
+
+def from_environment(environ: dict | None = None) -> Options:
+    """The defaults with the ``CUPY_XARRAY_*`` variables of ``environ`` (default: this
+    process's) applied."""
+    environ = os.environ if environ is None else environ
+    found = {}
+    for var, name in ENVIRONMENT.items():
+        if var in environ:
+            found[name] = _convert(name, environ[var], var)
+    if "cache_dir" not in found and environ.get("XDG_CACHE_HOME"):
+        found["cache_dir"] = os.path.join(environ["XDG_CACHE_HOME"], "cupy-xarray")
+    return _check(Options(**found), "from the environment")
+
+
+_DEFAULTS = from_environment()
+_current: contextvars.ContextVar[Options] = contextvars.ContextVar("cupy_xarray_options", default=_DEFAULTS)
+
+
+def get_options() -> Options:
+    """The settings in effect here (this thread, this ``set_options`` block)."""
+    return _current.get()
+
+
+class set_options:  # noqa: N801 - a function-like context manager, as xarray.set_options
+    """Change the engine's settings inside a ``with`` block (this thread and the engine's
+    threads working for it). Keywords are the fields of :class:`Options`:
+
+    decode
+        Where a GPU read decodes compressed chunks: ``"auto"``, ``"gpu"`` or ``"cpu"``
+        (``CUPY_XARRAY_DECODE``).
+    threads, decode_threads
+        I/O threads (``CUPY_XARRAY_THREADS``; default one per core, 4 to 32) and CPU threads
+        that decode for a GPU read (``CUPY_XARRAY_DECODE_THREADS``).
+    batch_bytes
+        Memory a read's batches may hold beside its output (default: chosen per read).
+    progress, profile
+        A progress bar over the bytes read; exact per-phase timings in read reports
+        (``CUPY_XARRAY_PROFILE``: the GPU is synchronized between phases).
+    calibrate, cache_dir
+        Measure decode rates on this machine once (``CUPY_XARRAY_CALIBRATE``), kept in
+        ``cache_dir`` (``CUPY_XARRAY_CACHE``; default ``~/.cache/cupy-xarray``).
+    decode_timeout, nvcomp_c
+        Seconds a batch of nvCOMP decodes may take (``CUPY_XARRAY_DECODE_TIMEOUT``); use
+        nvCOMP's C API (``CUPY_XARRAY_NVCOMP_C``).
+    max_chunk_bytes
+        Largest chunk a store's metadata may ask for (``CUPY_XARRAY_MAX_CHUNK_BYTES``).
+    remote_timeout, remote_retries, remote_concurrency, remote_backoff, remote_backoff_max
+        Remote stores: seconds per request, retries of transient failures, requests in
+        flight, first and largest backoff (``CUPY_XARRAY_REMOTE_*``).
+    threaded_http, http_threads
+        Fetch HTTP(S) stores on a pool of threads (``CUPY_XARRAY_THREADED_HTTP``,
+        ``CUPY_XARRAY_HTTP_THREADS``).
+
+    The others (``wave_bytes``, ``stream_bytes``, ``inline_bytes``, ...) say how the
+    engine cuts a read up; the contributor guide explains them.
+    """
+
+    def __init__(self, **changes: Any) -> None:
+        unknown = sorted(set(changes) - set(_TYPES))
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))}; known: {', '.join(_TYPES)}")
+        values = {k: _convert(k, v, "set_options") for k, v in changes.items()}
+        self.options = _check(dataclasses.replace(get_options(), **values), "set_options")
+        self._token = _current.set(self.options)
+
+    def __enter__(self) -> Options:
+        return self.options
+
+    def __exit__(self, *exc: Any) -> None:
+        _current.reset(self._token)
+
+
+@contextlib.contextmanager
+def using(options: Options):
+    """Read with exactly ``options`` inside the block (a dataset's reads use the settings in
+    effect when it was opened)."""
+    token = _current.set(options)
+    try:
+        yield options
+    finally:
+        _current.reset(token)
+
+
+def carried(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, to be run on other threads with this thread's settings and read reports (each
+    call in a copy of this thread's context: one context cannot run on two threads at once)."""
+    ctx = contextvars.copy_context()
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return ctx.copy().run(fn, *args, **kwargs)
+
+    return run
