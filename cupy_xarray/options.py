@@ -161,6 +161,7 @@ def from_environment(environ: dict | None = None) -> Options:
     for var, name in ENVIRONMENT.items():
         if var in environ:
             found[name] = _convert(name, environ[var], var)
+            _check(Options(**{name: found[name]}), f"from {var}")
     if "cache_dir" not in found and environ.get("XDG_CACHE_HOME"):
         found["cache_dir"] = os.path.join(environ["XDG_CACHE_HOME"], "cupy-xarray")
     return _check(Options(**found), "from the environment")

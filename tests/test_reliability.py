@@ -424,20 +424,22 @@ def test_host_route_groups_small_chunks_into_jobs_and_reports_the_first_error(tm
     def task(n):
         return SimpleNamespace(spec=SimpleNamespace(recipe=SimpleNamespace(nbytes=n)))
 
+    from cupy_xarray import get_options
+
     small = [task(2**20) for _ in range(256)]
-    jobs = host.groups(small, 16)
+    jobs = host.groups(small, 16, get_options())
     assert [t for g in jobs for t in g] == small
     assert len(jobs) >= 64 and max(len(g) for g in jobs) == 4  # 4 MiB each
-    assert len(host.groups(small[:20], 16)) == 20  # too few to share: one chunk per job
+    assert len(host.groups(small[:20], 16, get_options())) == 20  # too few to share: one chunk per job
     big = [task(64 * 2**20) for _ in range(8)]
-    assert host.groups(big, 4) == [[t] for t in big]
+    assert host.groups(big, 4, get_options()) == [[t] for t in big]
 
     data = (np.arange(64 * 32 * 32, dtype="float32") % 101).reshape(64, 32, 32)
     xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(
         tmp_path / "s.zarr", zarr_format=3, encoding={"v": {"chunks": (1, 32, 32), "compressors": ZSTD}}
     )
     dev = cpu_device(2)
-    assert len(host.groups([task(4096)] * 64, dev.threads)) < 64  # jobs of several chunks
+    assert len(host.groups([task(4096)] * 64, dev.threads, get_options())) < 64  # jobs of several chunks
     np.testing.assert_array_equal(read_zarr_gds(tmp_path / "s.zarr", device=dev).v.values, data)
     for k in (9, 41):  # the first damaged chunk of each read is the one named
         victim = tmp_path / "s.zarr" / "v" / "c" / str(k) / "0" / "0"
