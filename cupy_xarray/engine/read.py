@@ -81,11 +81,13 @@ _recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_x
 
 @contextlib.contextmanager
 def record_reads():
-    """Collect the :class:`ReadReport` of every read made inside the block::
+    """Collect the :class:`ReadReport` of every read made inside the block.
 
-    with cupy_xarray.record_reads() as reports:
-        ds.load()
-    print(reports[-1])
+    Examples
+    --------
+    >>> with cupy_xarray.record_reads() as reports:  # doctest: +SKIP
+    ...     ds.load()
+    >>> print(reports[-1])  # doctest: +SKIP
     """
     reports: list[ReadReport] = []
     token = _recorders.set(reports)
