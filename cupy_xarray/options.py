@@ -47,6 +47,9 @@ class Options:
     cache_dir: str | None = None
     decode_timeout: float = 120.0
     nvcomp_c: bool = True
+    decoder_process: str = "auto"
+    decoder_timeout: float = 5.0
+    decoder_min_wait: float = 1.0
     max_chunk_bytes: int = 2**32
     # remote stores
     remote_timeout: float = 120.0
@@ -97,6 +100,8 @@ ENVIRONMENT = {
     "CUPY_XARRAY_CACHE": "cache_dir",
     "CUPY_XARRAY_DECODE_TIMEOUT": "decode_timeout",
     "CUPY_XARRAY_NVCOMP_C": "nvcomp_c",
+    "CUPY_XARRAY_DECODER_PROCESS": "decoder_process",
+    "CUPY_XARRAY_DECODER_TIMEOUT": "decoder_timeout",
     "CUPY_XARRAY_MAX_CHUNK_BYTES": "max_chunk_bytes",
     "CUPY_XARRAY_REMOTE_TIMEOUT": "remote_timeout",
     "CUPY_XARRAY_REMOTE_RETRIES": "remote_retries",
@@ -144,6 +149,10 @@ def _convert(name: str, value: Any, source: str) -> Any:
 
 
 def _check(options: Options, source: str) -> Options:
+    if options.decoder_process not in ("auto", "on", "off"):
+        raise ValueError(
+            f"decoder_process must be 'auto', 'on' or 'off', got {options.decoder_process!r} ({source})"
+        )
     if options.decode not in DECODE_CHOICES:
         raise ValueError(f"decode must be 'auto', 'gpu' or 'cpu', got {options.decode!r} ({source})")
     for name in ("threads", "decode_threads", "batch_bytes"):
@@ -197,6 +206,13 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
     decode_timeout, nvcomp_c
         Seconds a batch of nvCOMP decodes may take (``CUPY_XARRAY_DECODE_TIMEOUT``); use
         nvCOMP's C API (``CUPY_XARRAY_NVCOMP_C``).
+    decoder_process, decoder_timeout, decoder_min_wait
+        Streams no check has proven are decoded by nvCOMP in a process of its own
+        (``"auto"``: on GPU reads; ``"on"``: CPU reads too, with CPU decoders; ``"off"``: never,
+        and ``decode="auto"`` keeps them on CPU threads; ``CUPY_XARRAY_DECODER_PROCESS``). A
+        batch it does not answer within a few times its expected time (at least
+        ``decoder_min_wait``, at most ``decoder_timeout`` seconds; ``CUPY_XARRAY_DECODER_TIMEOUT``)
+        costs that process, and the batch is decoded again on CPU threads.
     max_chunk_bytes
         Largest chunk a store's metadata may ask for (``CUPY_XARRAY_MAX_CHUNK_BYTES``).
     remote_timeout, remote_retries, remote_concurrency, remote_backoff, remote_backoff_max
@@ -234,6 +250,14 @@ def using(options: Options):
         yield options
     finally:
         _current.reset(token)
+
+
+def child_environment(path: list[str]) -> dict[str, str]:
+    """The environment of a process this one starts (the decoder process): this one's, with
+    ``path`` (``sys.path``) on ``PYTHONPATH`` so that it imports the same package."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    return env
 
 
 def carried(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -49,13 +49,16 @@ def _submit(session: Any, batch: list[ChunkTask], read: Read, size: int, slots=N
     return session.submit(ops)
 
 
-def _groups(batch: list[ChunkTask], on_gpu: dict) -> list[Group]:
-    """A batch's staged tasks by recipe: each group is decoded in one call per codec."""
+def _groups(batch: list[ChunkTask], plan: Any) -> list[Group]:
+    """A batch's staged tasks by recipe, each group decoded in one call per codec where the
+    scheduler's ``plan`` says (:class:`.schedule.RoutePlan`)."""
     groups: dict[int, list[ChunkTask]] = {}
     for t in batch:
         if t.direct is None:
             groups.setdefault(id(t.spec.recipe), []).append(t)
-    return [Group(tasks, on_gpu.get(key, False)) for key, tasks in groups.items()]
+    return [
+        Group(tasks, plan.on_gpu.get(k, False), plan.isolated.get(k, False)) for k, tasks in groups.items()
+    ]
 
 
 def _side(device: Any) -> Any:
@@ -134,7 +137,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
 
     def groups_of(k: int) -> list[Group]:
         if k not in grouped:
-            grouped[k] = _groups(batches[k], plan.on_gpu)
+            grouped[k] = _groups(batches[k], plan)
         return grouped[k]
 
     def submit(k: int):

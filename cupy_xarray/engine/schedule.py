@@ -58,6 +58,7 @@ class RoutePlan:
     on_host: list
     on_gpu: dict
     decisions: list
+    isolated: dict  # per recipe: decoded in the decoder process
 
 
 @dataclass
@@ -106,16 +107,18 @@ class Scheduler:
         if direct:
             for t, r in zip(direct, self.direct_routes(direct, device)):
                 (on_host if r == "host" else batched).append(t)
-        decisions, on_gpu = [], {}
+        decisions, on_gpu, isolated = [], {}, {}
         for key, group in groups.items():
             routes, decision = self.routes(group, device, decode, limit)
             for t, r in zip(group, routes):
                 (on_host if r == "host" else batched).append(t)
-            on_gpu[key] = nvcomp_decodes(group[0].spec.recipe.bytes_codecs, device, decode)
+            codecs = group[0].spec.recipe.bytes_codecs
+            on_gpu[key] = nvcomp_decodes(codecs, device, decode)
+            isolated[key] = in_decoder_process(codecs, device, decode)
             if decision is not None:
                 decisions.append(decision)
                 log.debug("decode: %s", decision)
-        return RoutePlan(batched, on_host, on_gpu, decisions)
+        return RoutePlan(batched, on_host, on_gpu, decisions, isolated)
 
     def streams(self, spec: Any, pieces: list, device: Any) -> bool:
         """Whether a request's pieces are located and planned batch by batch, as their
@@ -205,9 +208,33 @@ def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
     if decode == "cpu":
         return "host", "decode='cpu'"
     kind = stream_kind(codecs)
-    if not decodes_on_gpu(kind, "auto", proven(codecs)):
+    isolated = _isolable(codecs) and get_options().decoder_process != "off"
+    if not isolated and not decodes_on_gpu(kind, "auto", proven(codecs)):
         return "host", stream(kind).host_only or "decoded safely on the CPU"
     return None, ""
+
+
+def decoder_process_on(device: Any) -> bool:
+    """Whether unproven streams may go to the decoder process (:mod:`.sandbox`): the
+    ``decoder_process`` option; on a GPU where nvCOMP's C API can be used, on the CPU only
+    when asked for (``"on"``: CPU decoders behind the same machinery, as CI runs it)."""
+    mode = get_options().decoder_process
+    if mode == "off":
+        return False
+    if getattr(device, "name", None) == "gpu":
+        from .decoders import nvcomp
+
+        return nvcomp.enabled() and nvcomp.library() is not None
+    return mode == "on"
+
+
+def _isolable(codecs: tuple[str, ...]) -> bool:
+    """A chain whose compressor is one stream nvCOMP may fault on, not proven by a crc32c
+    (Blosc's streams are decoded inside its own layout, in this process)."""
+    name = compressor(codecs)
+    if name is None or name.startswith("blosc-") or proven(codecs):
+        return False
+    return stream(name).nvcomp_faults
 
 
 def nvcomp_decodes(codecs: tuple[str, ...], device: Any, decode: str) -> bool:
@@ -216,7 +243,18 @@ def nvcomp_decodes(codecs: tuple[str, ...], device: Any, decode: str) -> bool:
     kind = stream_kind(codecs)
     if getattr(device, "name", None) != "gpu" or kind is None:
         return False
+    if decode == "auto" and _isolable(codecs) and decoder_process_on(device):
+        return True
     return decodes_on_gpu(kind, decode, proven(codecs))
+
+
+def in_decoder_process(codecs: tuple[str, ...], device: Any, decode: str) -> bool:
+    """Whether a batched group's streams are decoded in the decoder process: streams nvCOMP
+    may fault on that no check has proven, wherever nvCOMP (or, with ``decoder_process="on"``,
+    the CPU decoders) decodes them in batches."""
+    if not _isolable(codecs) or not decoder_process_on(device):
+        return False
+    return nvcomp_decodes(codecs, device, decode) or getattr(device, "name", None) != "gpu"
 
 
 def lands_pinned(spec: Any, device: Any, decode: str = "auto") -> bool:

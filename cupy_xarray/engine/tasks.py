@@ -123,12 +123,14 @@ class Group:
     """Staged tasks of one recipe in one batch, decoded together.
 
     ``on_gpu``: nvCOMP decodes the group's streams (the scheduler's decision, else CPU
-    threads); ``ready``: what was started for it ahead of its decode; ``owner``: keeps the
-    buffers of its decoded bytes alive until they are placed.
+    threads); ``isolated``: in the decoder process (:mod:`.sandbox`); ``ready``: what was
+    started for it ahead of its decode; ``owner``: keeps the buffers of its decoded bytes
+    alive until they are placed.
     """
 
     tasks: list[ChunkTask]
     on_gpu: bool = False
+    isolated: bool = False
     ready: Any = None
     owner: Any = None
 

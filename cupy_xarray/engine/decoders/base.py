@@ -137,6 +137,10 @@ class StreamDecoder:
         the pools' figures are full loads on CPU threads), used until this machine's are.
     sample_bytes
         The stream size calibration measures (:func:`~..schedule.calibrate`).
+    nvcomp_faults
+        nvCOMP's decoder of the kind may fault or hang on a damaged stream (its release notes:
+        it "can only operate on valid input data"): streams no check has proven are decoded
+        in the decoder process (:mod:`..sandbox`).
     calibrates_gpu
         Whether calibration measures nvCOMP's figures for the kind on bare streams. A kind
         decoded inside another format (Blosc's blocks) costs that format's launches and checks
@@ -155,6 +159,7 @@ class StreamDecoder:
     rates: Rates = Rates(0.5e9, 20e9, 0.05e9, 1e-3)
     sample_bytes: int = 2**20
     calibrates_gpu: bool = True
+    nvcomp_faults: bool = False
 
     def check(self, head: bytes, tail: bytes, expected: int) -> str | None:
         """What is wrong with a stored stream, from its first 32 bytes (fewer if shorter) and

@@ -59,6 +59,23 @@ def to_device(pinned: np.ndarray, slots: np.ndarray, sizes: np.ndarray, outs: li
     stream.synchronize()
 
 
+def _in_decoder_process(
+    algo: str, srcs: list[Any], expected: list[int], into, on_device: bool, seconds: float
+):
+    """Decode in the decoder process (:func:`..sandbox.decode_batch`); None where it was lost
+    (logged: the caller decodes the batch again on CPU threads, which name a damaged stream)."""
+    from ..sandbox import DecoderLost, decode_batch
+
+    try:
+        outs, owner = decode_batch(algo, srcs, expected, into, on_device, seconds)
+    except DecoderLost as exc:
+        log.warning("%s; decoding its batch of %d %s streams again on CPU threads", exc, len(srcs), algo)
+        return None
+    decoded = Decoded(outs)
+    decoded.owner = owner
+    return decoded
+
+
 class CPUCodecs:
     """Decode on CPU threads, each stream with its kind's
     :meth:`~.base.StreamDecoder.decode_host` (zlib, libzstd, liblz4), which verifies the
@@ -83,13 +100,20 @@ class CPUCodecs:
         expected: list[int],
         into: list[Any] | None = None,
         on_gpu: bool = False,
+        isolated: bool = False,
     ) -> Decoded:
         """Decode every stream; ``into`` optionally gives, per stream, the buffer of exactly
         ``expected[i]`` bytes to decode into (``None``: a new buffer). Raises DecodeFailure
         naming the first stream that does not decode to exactly its expected size.
-        (``on_gpu``: see :meth:`GPUCodecs.decode`; on the CPU all is decoded here.)"""
+        (``on_gpu``: see :meth:`GPUCodecs.decode`; on the CPU all is decoded on CPU threads,
+        ``isolated``: in the decoder process first, the machinery GPU reads use.)"""
 
         decoder = stream(algo)
+        if isolated:
+            seconds = sum(expected) / decoder.rates.host_thread + 0.01
+            decoded = _in_decoder_process(algo, srcs, expected, into, False, seconds)
+            if decoded is not None:
+                return decoded
 
         def one(i: int) -> np.ndarray:
             target = None if into is None else into[i]
@@ -287,10 +311,13 @@ class GPUCodecs:
         expected: list[int],
         into: list[Any] | None = None,
         on_gpu: bool = True,
+        isolated: bool = False,
     ) -> Decoded:
         """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`): with nvCOMP,
         or with ``on_gpu=False`` on CPU threads (the scheduler's choice,
-        :func:`~cupy_xarray.engine.schedule.nvcomp_decodes`), then copied to the device."""
+        :func:`~cupy_xarray.engine.schedule.nvcomp_decodes`), then copied to the device.
+        ``isolated``: nvCOMP runs in the decoder process; where that process is lost (a
+        damaged stream made it fault or hang), the batch is decoded again on CPU threads."""
         if not on_gpu:
             return self._decode_on_host(algo, srcs, expected, into)
         if self._nvcomp is None:
@@ -310,7 +337,19 @@ class GPUCodecs:
             except FramingError as exc:
                 raise DecodeFailure(i, str(exc)) from exc
         batched = self.batched(algo)
-        if batched is not None:
+        decoded = None
+        if isolated and batched is not None:
+            lens = np.array([r.size for r in raw], dtype=np.int64)
+            ptrs = np.array([r.data.ptr for r in raw], dtype=np.uint64)
+            problem = stream(algo).check_on_gpu(ptrs, lens.astype(np.uint64), np.asarray(expected, np.int64))
+            if problem is not None:
+                raise DecodeFailure(*problem)
+            r = stream(algo).rates
+            seconds = r.gpu_call + sum(expected) / r.gpu + max(expected, default=0) / r.gpu_stream
+            decoded = _in_decoder_process(algo, raw, expected, into, True, seconds)
+            if decoded is None:
+                return self._decode_on_host(algo, srcs, expected, into)
+        elif batched is not None:
             decoded = self._decode_c(batched, algo, raw, expected, into)
         else:
             decoded = self._decode_python(algo, raw, expected, into)

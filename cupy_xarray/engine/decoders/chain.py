@@ -105,7 +105,7 @@ def decode_group(group: Any, device: Any, clock: Any) -> None:
         into = [t.target for t in tasks] if last and any(t.target is not None for t in tasks) else None
         try:
             decoded = device.codecs.decode(
-                name, [t.data for t in tasks], [expected] * len(tasks), into, on_gpu=group.on_gpu
+                name, [t.data for t in tasks], [expected] * len(tasks), into, group.on_gpu, group.isolated
             )
         except DecodeFailure as exc:
             raise tasks[exc.index].error(f"{exc} (corrupt chunk)") from exc

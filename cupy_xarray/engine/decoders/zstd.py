@@ -79,6 +79,7 @@ class Zstd(StreamDecoder):
     name = "zstd"
     unit = "frame"
     nvcomp = "Zstd"
+    nvcomp_faults = True
     checksum = "xxh64"
     host_only = "nvCOMP's zstd decoder does not report damaged frames; decode='gpu' for trusted stores"
     rates = Rates(0.5e9, 40e9, 0.07e9, 1e-3, host_pool=6.5e9)

@@ -1,0 +1,133 @@
+"""Memory a batch's streams and decoded bytes share with the decoder process.
+
+:class:`HostArena` is a file in shared memory (``/dev/shm``) both processes map;
+:class:`DeviceArena` is device memory this process allocates and exports through CUDA IPC.
+Either is made for one batch and freed after it, so nothing is held between reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+_names = itertools.count()
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+class HostArena:
+    """``nbytes`` of host memory in a shared file (unlinked when closed)."""
+
+    kind = "host"
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = max(int(nbytes), 1)
+        self.path = os.path.join(_shm_dir(), f"cupy-xarray-{os.getpid()}-{next(_names)}")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, self.nbytes)
+            self._map = mmap.mmap(fd, self.nbytes)
+        finally:
+            os.close(fd)
+        self.array = np.frombuffer(self._map, dtype=np.uint8)
+
+    def export(self) -> dict:
+        return {"kind": "host", "path": self.path, "size": self.nbytes}
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.array[offset : offset + nbytes]
+
+    def close(self) -> None:
+        self.array = None
+        try:
+            self._map.close()
+        except BufferError:  # a view is still alive: the mapping goes with it
+            pass
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class DeviceArena:
+    """``nbytes`` of device memory allocated for sharing (not from cupy's pool: an IPC handle
+    names a whole allocation), freed when closed."""
+
+    kind = "device"
+
+    def __init__(self, nbytes: int) -> None:
+        import cupy
+
+        self.nbytes = max(int(nbytes), 1)
+        rt = cupy.cuda.runtime
+        self.ptr = rt.malloc(self.nbytes)
+        try:
+            self.handle = rt.ipcGetMemHandle(self.ptr)
+        except Exception:
+            rt.free(self.ptr)
+            raise
+        mem = cupy.cuda.UnownedMemory(self.ptr, self.nbytes, self)
+        self.array = cupy.ndarray((self.nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
+        self.device = cupy.cuda.Device().id
+
+    def export(self) -> dict:
+        return {"kind": "device", "handle": bytes(self.handle), "size": self.nbytes, "device": self.device}
+
+    def view(self, offset: int, nbytes: int) -> Any:
+        return self.array[offset : offset + nbytes]
+
+    def close(self) -> None:
+        import cupy
+
+        if self.ptr:
+            cupy.cuda.runtime.free(self.ptr)  # (waits for the device: nothing may still use it)
+            self.ptr = 0
+            self.array = None
+
+
+def make_arena(nbytes: int, device: bool) -> HostArena | DeviceArena:
+    return DeviceArena(nbytes) if device else HostArena(nbytes)
+
+
+class Mapped:
+    """An arena as the decoder process sees it: its base address and views."""
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.size = spec["size"]
+        if spec["kind"] == "host":
+            fd = os.open(spec["path"], os.O_RDWR)
+            try:
+                self._map = mmap.mmap(fd, self.size)
+            finally:
+                os.close(fd)
+            self.array = np.frombuffer(self._map, dtype=np.uint8)
+            self.base = self.array.ctypes.data
+        else:
+            import cupy
+
+            cupy.cuda.Device(spec["device"]).use()
+            self.base = cupy.cuda.runtime.ipcOpenMemHandle(spec["handle"])
+            self.array = None
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.array[offset : offset + nbytes]
+
+    def close(self) -> None:
+        if self.spec["kind"] == "host":
+            self.array = None
+            try:
+                self._map.close()
+            except BufferError:
+                pass
+        else:
+            import cupy
+
+            cupy.cuda.runtime.ipcCloseMemHandle(self.base)

@@ -1,0 +1,192 @@
+"""The decoder process (engine/sandbox): start, batches, answers, a process that dies or
+stalls on purpose, the watchdog, the restart and the re-decode on CPU threads. On the CPU the
+process decodes with the CPU decoders (``decoder_process="on"``), the machinery GPU reads use
+with nvCOMP; the tests marked gpu run it with nvCOMP."""
+
+from __future__ import annotations
+
+import time
+
+import numcodecs
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from conftest import host
+
+from cupy_xarray.device import resolve_device
+from cupy_xarray.engine import Scheduler, array_spec, read_arrays
+from cupy_xarray.engine.decoders.base import DecodeFailure
+from cupy_xarray.engine.sandbox import DecoderLost, decode_batch, decoder_processes
+from cupy_xarray.errors import ChunkError
+
+
+def _streams(count=6, n=40000):
+    data = [np.sin(np.arange(i, i + n, dtype="f4") / 50).astype("f4").tobytes() for i in range(count)]
+    codec = numcodecs.Zstd(1)
+    return data, [np.frombuffer(codec.encode(d), np.uint8) for d in data]
+
+
+def test_batches_decode_in_the_process_and_come_back_equal():
+    data, srcs = _streams()
+    procs = decoder_processes("host")
+    before = procs.batches
+    outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+    assert [o.tobytes() for o in outs] == data
+    into = [np.empty(len(d), np.uint8) for d in data]
+    outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], into, False, 0.01)
+    assert all(o is t for o, t in zip(outs, into)) and [t.tobytes() for t in into] == data
+    assert procs.batches == before + 2
+
+
+@pytest.mark.parametrize("fault", ["die", "stall"])
+def test_a_lost_process_is_named_bounded_and_replaced(fault, options):
+    options(decoder_timeout=1.0, decoder_min_wait=0.5)
+    data, srcs = _streams()
+    procs = decoder_processes("host")
+    decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # started, with a spare
+    lost = procs.lost
+    procs.fail_next(fault)
+    t0 = time.perf_counter()
+    with pytest.raises(DecoderLost, match="died" if fault == "die" else "did not answer within 0.5 s"):
+        decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+    assert time.perf_counter() - t0 < 5 and procs.lost == lost + 1
+    outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # the spare took over
+    assert [o.tobytes() for o in outs] == data
+
+
+def test_a_stream_that_does_not_decode_is_named_by_its_index():
+    data, srcs = _streams()
+    bad = list(srcs)
+    bad[4] = bad[4].copy()
+    bad[4][:4] = 0  # no zstd frame
+    with pytest.raises(DecodeFailure) as info:
+        decode_batch("zstd", bad, [len(d) for d in data], None, False, 0.01)
+    assert info.value.index == 4
+    wrong = [len(d) for d in data]
+    wrong[2] += 8  # a stream that decodes to less than the chunk must hold
+    with pytest.raises(DecodeFailure, match=f"{wrong[2]} bytes") as info:
+        decode_batch("zstd", srcs, wrong, None, False, 0.01)
+    assert info.value.index == 2
+
+
+COMPRESSORS = {
+    "zstd": zarr.codecs.ZstdCodec(level=1),
+    "gzip": zarr.codecs.GzipCodec(level=1),
+}
+
+
+def _store(tmp_path, name):
+    data = (np.arange(8 * 64 * 64, dtype="f4") % 97).reshape(8, 64, 64)
+    path = tmp_path / f"{name}.zarr"
+    xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(
+        path, zarr_format=3, encoding={"v": {"chunks": (2, 32, 32), "compressors": COMPRESSORS[name]}}
+    )
+    return path, zarr.open_array(path / "v", mode="r")
+
+
+@pytest.mark.parametrize("name", list(COMPRESSORS))
+def test_the_engine_reads_through_the_process_and_again_on_cpu_threads(tmp_path, options, name):
+    options(decoder_process="on", decoder_timeout=1.0, decoder_min_wait=0.5)
+    path, arr = _store(tmp_path, name)
+    spec, dev = array_spec(arr, name="v"), resolve_device("cpu")
+    procs = decoder_processes("host")
+    batches = procs.batches
+    sel = (slice(None), slice(5, 60), slice(None))
+    (got,) = read_arrays([(spec, sel)], dev, scheduler=Scheduler(force="batch"))
+    np.testing.assert_array_equal(got, arr[sel])
+    assert procs.batches > batches  # decoded there
+    for fault in ("die", "stall"):  # the batch is decoded again on CPU threads: the same values
+        lost = procs.lost
+        procs.fail_next(fault)
+        (got,) = read_arrays([(spec, sel)], dev, scheduler=Scheduler(force="batch"))
+        np.testing.assert_array_equal(got, arr[sel])
+        assert procs.lost == lost + 1
+    want = xr.open_dataset(path, engine="zarr").load()  # the default route of a CPU read too
+    xr.testing.assert_identical(xr.open_dataset(path, engine="kvikio", device="cpu").load(), want)
+
+
+def test_a_damaged_chunk_is_named_through_the_process(tmp_path, options):
+    options(decoder_process="on")
+    path, arr = _store(tmp_path, "zstd")
+    victim = path / "v" / "c" / "1" / "0" / "1"
+    raw = bytearray(victim.read_bytes())
+    raw[0] ^= 0xFF  # the frame's magic number
+    victim.write_bytes(bytes(raw))
+    spec = array_spec(arr, name="v")
+    with pytest.raises(ChunkError, match=r"c/1/0/1"):
+        read_arrays([(spec, (slice(None),) * 3)], resolve_device("cpu"), scheduler=Scheduler(force="batch"))
+
+
+# -- on the GPU: nvCOMP in the decoder process ------------------------------------------------
+
+
+def _zstd_store(tmp_path, t=16):
+    data = (np.sin(np.arange(t * 256 * 256, dtype="f4") / 300) * 50).reshape(t, 256, 256).astype("f4")
+    path = tmp_path / "z.zarr"
+    xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(
+        path, zarr_format=3, encoding={"v": {"chunks": (1, 256, 256), "compressors": COMPRESSORS["zstd"]}}
+    )
+    return path, data
+
+
+@pytest.mark.gpu
+def test_default_gpu_reads_decode_zstd_in_the_decoder_process(tmp_path):
+    path, data = _zstd_store(tmp_path)
+    procs = decoder_processes("nvcomp")
+    batches = procs.batches
+    ds = xr.open_dataset(path, engine="kvikio", decode="gpu")
+    got = ds.v.data
+    np.testing.assert_array_equal(host(got), data)
+    assert procs.batches > batches
+    xr.testing.assert_identical(ds.load().cupy.as_numpy(), xr.open_dataset(path, engine="zarr").load())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fault", ["die", "stall"])
+def test_a_lost_gpu_decoder_process_leaves_this_process_and_its_data_intact(tmp_path, options, fault):
+    import cupy
+
+    options(decoder_timeout=2.0)
+    path, data = _zstd_store(tmp_path)
+    kept = cupy.arange(1 << 20, dtype=cupy.float32)
+    procs = decoder_processes("nvcomp")
+    assert xr.open_dataset(path, engine="kvikio", decode="gpu").v.data.shape == data.shape  # started
+    lost = procs.lost
+    procs.fail_next(fault)
+    got = xr.open_dataset(path, engine="kvikio", decode="gpu").v.data
+    np.testing.assert_array_equal(host(got), data)  # decoded again on CPU threads
+    assert procs.lost == lost + 1
+    assert bool((kept == cupy.arange(1 << 20, dtype=cupy.float32)).all())
+    np.testing.assert_array_equal(host(xr.open_dataset(path, engine="kvikio", decode="gpu").v.data), data)
+
+
+@pytest.mark.gpu
+def test_damaged_zstd_frames_on_the_default_path_raise_and_the_gpu_lives_on(tmp_path):
+    import cupy
+
+    path, data = _zstd_store(tmp_path)
+    kept = cupy.arange(1 << 20, dtype=cupy.float32)
+    rng = np.random.default_rng(7)
+    victims = sorted((path / "v" / "c").rglob("*"))
+    victims = [v for v in victims if v.is_file()]
+    for _ in range(6):
+        victim = victims[int(rng.integers(len(victims)))]
+        raw = bytearray(victim.read_bytes())
+        for _ in range(8):
+            raw[int(rng.integers(6, len(raw)))] = int(rng.integers(256))
+        victim.write_bytes(bytes(raw))
+        want_error = None
+        try:
+            want = xr.open_dataset(path, engine="zarr").v.values
+        except Exception as exc:  # noqa: BLE001 - zarr-python found the damage
+            want_error = exc
+        for decode in ("auto", "gpu"):
+            try:
+                got = host(xr.open_dataset(path, engine="kvikio", decode=decode).v.data)
+            except ChunkError:
+                continue
+            if want_error is not None:
+                pytest.fail(f"zarr-python raises ({want_error}); decode={decode!r} returned values")
+            np.testing.assert_array_equal(got, want)
+        assert bool((kept == cupy.arange(1 << 20, dtype=cupy.float32)).all())
