@@ -176,17 +176,15 @@ def test_damaged_zstd_frames_on_the_default_path_raise_and_the_gpu_lives_on(tmp_
         for _ in range(8):
             raw[int(rng.integers(6, len(raw)))] = int(rng.integers(256))
         victim.write_bytes(bytes(raw))
-        want_error = None
         try:
-            want = xr.open_dataset(path, engine="zarr").v.values
-        except Exception as exc:  # noqa: BLE001 - zarr-python found the damage
-            want_error = exc
-        for decode in ("auto", "gpu"):
-            try:
-                got = host(xr.open_dataset(path, engine="kvikio", decode=decode).v.data)
-            except ChunkError:
-                continue
-            if want_error is not None:
-                pytest.fail(f"zarr-python raises ({want_error}); decode={decode!r} returned values")
-            np.testing.assert_array_equal(got, want)
+            xr.open_dataset(path, engine="zarr").v.values
+        except Exception:  # noqa: BLE001 - zarr-python found the damage: so must the engine
+            for decode in ("auto", "gpu"):
+                with pytest.raises(ChunkError):
+                    xr.open_dataset(path, engine="kvikio", decode=decode).v.data
+        # (where neither finds it, a frame without a checksum decodes to what each decoder makes
+        # of it: the values need not agree)
         assert bool((kept == cupy.arange(1 << 20, dtype=cupy.float32)).all())
+    (tmp_path / "again").mkdir()
+    path, data = _zstd_store(tmp_path / "again")  # this process reads on, through a decoder process
+    np.testing.assert_array_equal(host(xr.open_dataset(path, engine="kvikio").v.data), data)

@@ -528,9 +528,9 @@ def test_fetched_bytes_are_read_where_they_landed(http, monkeypatch, device):
     for name in ("tiles", "zstd", "gzip", "sharded_start"):
         xr.testing.assert_identical(ds[name].compute().cupy.as_numpy(), want[name])
         xr.testing.assert_identical(ds[name].isel(sel).compute().cupy.as_numpy(), want[name].isel(sel))
-        # to the GPU as they are: no bytes codecs, or streams nvCOMP may decode (not zstd's
-        # under decode="auto"; sharded_start's raw bytes have a crc32c)
-        pinned = device == "gpu" and name in ("tiles", "gzip")
+        # to the GPU as they are: no bytes codecs, or streams nvCOMP may decode (zstd's in the
+        # decoder process; sharded_start's raw bytes have a crc32c, checked on the host)
+        pinned = device == "gpu" and name in ("tiles", "zstd", "gzip")
         assert bool(landed) == pinned, name
         if name == "tiles" and pinned:
             assert set(landed) == {4 * 16 * 12 * 4}  # whole chunks
@@ -686,7 +686,7 @@ def test_a_body_that_stalls_every_time_is_named(large_bodies, monkeypatch, optio
     ("codecs", "decode", "pinned"),
     [
         ((), "auto", True),  # copied (or read in place by the placing kernel) as they are
-        (("zstd",), "auto", False),  # decoded on CPU threads
+        (("zstd",), "auto", True),  # nvCOMP may decode them, in the decoder process
         (("zstd",), "gpu", True),
         (("crc32c", "zstd"), "auto", True),  # a checksum proves the frames first: nvCOMP may
         (("blosc-lz4",), "auto", True),
