@@ -177,11 +177,11 @@ def test_damaged_zstd_frames_on_the_default_path_raise_and_the_gpu_lives_on(tmp_
             raw[int(rng.integers(6, len(raw)))] = int(rng.integers(256))
         victim.write_bytes(bytes(raw))
         try:
-            xr.open_dataset(path, engine="zarr").v.values
+            _ = xr.open_dataset(path, engine="zarr").v.values
         except Exception:  # noqa: BLE001 - zarr-python found the damage: so must the engine
             for decode in ("auto", "gpu"):
                 with pytest.raises(ChunkError):
-                    xr.open_dataset(path, engine="kvikio", decode=decode).v.data
+                    _ = xr.open_dataset(path, engine="kvikio", decode=decode).v.data
         # (where neither finds it, a frame without a checksum decodes to what each decoder makes
         # of it: the values need not agree)
         assert bool((kept == cupy.arange(1 << 20, dtype=cupy.float32)).all())
