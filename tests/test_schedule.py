@@ -428,6 +428,12 @@ def test_batch_size_is_chosen_per_read_unless_given():
     assert staging_limit(outs, None, "gpu", o) == most
     assert staging_limit(outs, 2**31, "auto", o) == 2**31  # what the user asked for
     assert staging_limit(outs, 1000, "gpu", o) == 1000
+    # a GPU read nvCOMP decodes: a third of its share of the free memory, within bounds
+    assert staging_limit(outs, None, "auto", o, free=60 * 2**30) == min(o.max_batch_bytes, 10 * 2**30)
+    assert staging_limit(outs, None, "gpu", o, free=6 * 2**30) == 2**30
+    assert staging_limit(outs, None, "auto", o, free=2**20) == 128 * 2**20
+    assert staging_limit(outs, None, "cpu", o, free=60 * 2**30) == 512 * 2**20  # CPU threads decode
+    assert staging_limit(outs, 2**31, "auto", o, free=60 * 2**30) == 2**31
 
 
 def test_a_one_chunk_read_runs_on_the_calling_thread(tmp_path, monkeypatch):

@@ -34,14 +34,22 @@ def max_ops() -> int:
     return max(64, min(4096, (soft - 128) // 5))
 
 
-def staging_limit(outs: list, batch_bytes: int | None, decode: str, options: Options) -> int:
-    """Bytes a batch may hold: ``batch_bytes`` where given. Else, for ``decode="auto"`` or
-    ``"cpu"``, an eighth of the outputs (at least 128 MiB, at most the ``default_batch_bytes``
-    option): two batches are in flight (or :func:`depth` batches of ``2 / depth`` of it), and
-    a compressed one holds its stored and decoded bytes. ``decode="gpu"`` favours nvCOMP's
-    throughput, which grows with the streams per call: ``default_batch_bytes``."""
+def staging_limit(
+    outs: list, batch_bytes: int | None, decode: str, options: Options, free: int | None = None
+) -> int:
+    """Bytes a batch may hold: ``batch_bytes`` where given. For a GPU read whose chunks nvCOMP
+    may decode, ``free`` gives the device memory free beyond the outputs: nvCOMP's speed is
+    streams in flight, so a batch may take a third of the ``memory_share`` option of it (two
+    batches in flight, each holding its stored bytes, their copy and the decoded bytes in the
+    decoder process's arena), at least 128 MiB, at most ``max_batch_bytes``. Else, for
+    ``decode="auto"`` or ``"cpu"``, an eighth of the outputs (at least 128 MiB, at most the
+    ``default_batch_bytes`` option): two batches are in flight (or :func:`depth` batches of
+    ``2 / depth`` of it), and a compressed one holds its stored and decoded bytes.
+    ``decode="gpu"``: ``default_batch_bytes``."""
     if batch_bytes is not None:
         return max(1, batch_bytes)
+    if free is not None and decode != "cpu":
+        return int(min(options.max_batch_bytes, max(128 * 2**20, options.memory_share * free / 3)))
     if decode == "gpu":
         return options.default_batch_bytes
     out = sum(int(getattr(o, "nbytes", 0)) for o in outs if o is not None)

@@ -111,13 +111,29 @@ def _finish(groups: list[Group], read: Read, geometry: dict) -> None:
         group.release()
 
 
+def _free_for_batches(read: Read, tasks: list[ChunkTask]) -> int | None:
+    """Device memory free beyond the outputs, for a large GPU read nvCOMP may decode (asking
+    the driver costs every read: small ones keep their fixed batch size)."""
+    device = read.device
+    if device.name != "gpu" or read.batch_bytes is not None or read.decode == "cpu":
+        return None
+    if not any(t.spec.recipe.bytes_codecs for t in tasks):
+        return None
+    if (
+        sum(int(getattr(o, "nbytes", 0)) for o in read.outs if o is not None)
+        < read.options.check_memory_bytes
+    ):
+        return None
+    return device.free_bytes()
+
+
 def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = True) -> None:
     """Read, decode and place located tasks into the read's outputs. ``assemble``: a small GPU
     read may be assembled in pinned host memory (:func:`.place.host_twins`); ``streamed``:
     requests located and planned a batch at a time, as their batches are submitted."""
     device, clock, options = read.device, read.clock, read.options
     outs = read.outs
-    limit = cut.staging_limit(outs, read.batch_bytes, read.decode, options)
+    limit = cut.staging_limit(outs, read.batch_bytes, read.decode, options, _free_for_batches(read, tasks))
     plan = read.scheduler.plan(tasks, device, read.decode, limit)
     read.report.decisions.extend(plan.decisions)
     batched, on_host = plan.batched, plan.on_host
