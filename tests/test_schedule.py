@@ -30,13 +30,31 @@ RATES = {k: v for k, v in sch.DEFAULT_RATES.items()}
 
 
 @pytest.mark.parametrize(
-    "codecs, why",
-    [(("zstd",), "does not report damaged frames"), (("lz4",), "liblz4"), (("blosc-zstd",), "damaged")],
+    "codecs, why, decoder_process",
+    [
+        (("zstd",), "does not report damaged frames", "off"),  # no decoder process: kept off nvCOMP
+        (("lz4",), "liblz4", "auto"),
+        (("blosc-zstd",), "damaged", "auto"),  # Blosc's streams decode in this process
+    ],
 )
-def test_auto_keeps_unsafe_or_slow_streams_on_cpu_threads(codecs, why):
+def test_auto_keeps_unsafe_or_slow_streams_on_cpu_threads(codecs, why, decoder_process, options):
+    options(decoder_process=decoder_process)
     routes, d = Scheduler(RATES).routes(_tasks(codecs, 500), GPU, "auto")
     assert set(routes) == {"host"} and d.host == 500 and d.gpu == 0
     assert why in d.why
+
+
+def test_unproven_zstd_goes_to_the_decoder_process_by_cost():
+    """With the decoder process, decode='auto' gives nvCOMP zstd frames no check has proven
+    where the cost model says it is faster, and the group decodes in that process."""
+    s = Scheduler(RATES)
+    many, d = s.routes(_tasks(("zstd",), 1024), GPU, "auto")
+    assert d.gpu > 0 and "cost model" in d.why
+    one, _ = s.routes(_tasks(("zstd",), 1), GPU, "auto")
+    assert one == ["host"]  # a one-chunk selection keeps its CPU route
+    assert sch.in_decoder_process(("zstd",), SimpleNamespace(name="cpu"), "auto") is False
+    assert sch._isolable(("zstd",)) and sch._isolable(("gzip",))
+    assert not sch._isolable(("crc32c", "zstd")) and not sch._isolable(("blosc-zstd",))
 
 
 @pytest.mark.parametrize("codecs", [("gzip",), ("zlib",), ("blosc-lz4",), ("crc32c", "zstd")])
