@@ -610,7 +610,9 @@ def test_describe_says_where_a_gpu_read_decodes(tmp_path, layout):
 
     spec = array_spec(zarr.open_array(damage.build(str(tmp_path), layout), mode="r"), name="a")
     gpu = Device("gpu", np, SimpleNamespace(name="kvikio"), SimpleNamespace(name="nvcomp"), 4)
-    on_cpu = layout in ("v3-zstd", "v3-lz4", "v3-blosc-zstd-shuffle")
+    on_cpu = layout in ("v3-lz4", "v3-blosc-zstd-shuffle")
     assert ("CPU threads (decode='auto')" in describe(spec, gpu)) == on_cpu
+    # frames no check proves: nvCOMP decodes them in a process of its own
+    assert ("decoder process" in describe(spec, gpu)) == (layout in ("v3-zstd", "v3-gzip"))
     assert "CPU threads" not in describe(spec, gpu, "gpu")
     assert "CPU threads (decode='cpu')" in describe(spec, gpu, "cpu")

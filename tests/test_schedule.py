@@ -53,8 +53,8 @@ def test_unproven_zstd_goes_to_the_decoder_process_by_cost():
     one, _ = s.routes(_tasks(("zstd",), 1), GPU, "auto")
     assert one == ["host"]  # a one-chunk selection keeps its CPU route
     assert sch.in_decoder_process(("zstd",), SimpleNamespace(name="cpu"), "auto") is False
-    assert sch._isolable(("zstd",)) and sch._isolable(("gzip",))
-    assert not sch._isolable(("crc32c", "zstd")) and not sch._isolable(("blosc-zstd",))
+    assert sch.isolable(("zstd",)) and sch.isolable(("gzip",))
+    assert not sch.isolable(("crc32c", "zstd")) and not sch.isolable(("blosc-zstd",))
 
 
 @pytest.mark.parametrize("codecs", [("gzip",), ("zlib",), ("blosc-lz4",), ("crc32c", "zstd")])

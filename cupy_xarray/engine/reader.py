@@ -31,7 +31,7 @@ from .locate import locate
 from .place import prepare
 from .plan import normalize_selection, output_shape, plan_chunks
 from .read import RUNNING, Read, check_memory
-from .schedule import Scheduler, fixed_route, stream_kind
+from .schedule import Scheduler, fixed_route, isolable, stream_kind
 from .spec import ArraySpec
 from .waves import execute_waves, wave_bytes
 
@@ -60,9 +60,15 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
             where = f"CPU threads (decode={choice!r}), copied to the GPU"
         else:
             where = "nvCOMP and CPU threads, chosen per read by the cost model (decode='auto')"
+        if device.name == "gpu" and route != "host" and isolable(r.bytes_codecs) and not _off():
+            where += ", nvCOMP in the decoder process"
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
     fetched = f", fetched from {spec.source.url}" if spec.source is not None else ""
     return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}{fetched}"
+
+
+def _off() -> bool:
+    return get_options().decoder_process == "off"
 
 
 def _run(read: Read) -> list[Any]:

@@ -208,7 +208,7 @@ def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
     if decode == "cpu":
         return "host", "decode='cpu'"
     kind = stream_kind(codecs)
-    isolated = _isolable(codecs) and get_options().decoder_process != "off"
+    isolated = isolable(codecs) and get_options().decoder_process != "off"
     if not isolated and not decodes_on_gpu(kind, "auto", proven(codecs)):
         return "host", stream(kind).host_only or "decoded safely on the CPU"
     return None, ""
@@ -228,8 +228,8 @@ def decoder_process_on(device: Any) -> bool:
     return mode == "on"
 
 
-def _isolable(codecs: tuple[str, ...]) -> bool:
-    """A chain whose compressor is one stream nvCOMP may fault on, not proven by a crc32c
+def isolable(codecs: tuple[str, ...]) -> bool:
+    """Whether the decoder process may take a chain's streams: a chain whose compressor is one stream nvCOMP may fault on, not proven by a crc32c
     (Blosc's streams are decoded inside its own layout, in this process)."""
     name = compressor(codecs)
     if name is None or name.startswith("blosc-") or proven(codecs):
@@ -243,7 +243,7 @@ def nvcomp_decodes(codecs: tuple[str, ...], device: Any, decode: str) -> bool:
     kind = stream_kind(codecs)
     if getattr(device, "name", None) != "gpu" or kind is None:
         return False
-    if decode == "auto" and _isolable(codecs) and decoder_process_on(device):
+    if decode == "auto" and isolable(codecs) and decoder_process_on(device):
         return True
     return decodes_on_gpu(kind, decode, proven(codecs))
 
@@ -252,7 +252,7 @@ def in_decoder_process(codecs: tuple[str, ...], device: Any, decode: str) -> boo
     """Whether a batched group's streams are decoded in the decoder process: streams nvCOMP
     may fault on that no check has proven, wherever nvCOMP (or, with ``decoder_process="on"``,
     the CPU decoders) decodes them in batches."""
-    if not _isolable(codecs) or not decoder_process_on(device):
+    if not isolable(codecs) or not decoder_process_on(device):
         return False
     return nvcomp_decodes(codecs, device, decode) or getattr(device, "name", None) != "gpu"
 

@@ -23,7 +23,8 @@ def _shm_dir() -> str:
 
 
 class HostArena:
-    """``nbytes`` of host memory in a shared file (unlinked when closed)."""
+    """``nbytes`` of host memory in a shared file. Closing unlinks the file; the memory goes
+    once no view of it is left."""
 
     kind = "host"
 
@@ -33,10 +34,12 @@ class HostArena:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, self.nbytes)
-            self._map = mmap.mmap(fd, self.nbytes)
+            self.array = np.frombuffer(mmap.mmap(fd, self.nbytes), dtype=np.uint8)
+        except BaseException:
+            os.unlink(self.path)
+            raise
         finally:
             os.close(fd)
-        self.array = np.frombuffer(self._map, dtype=np.uint8)
 
     def export(self) -> dict:
         return {"kind": "host", "path": self.path, "size": self.nbytes}
@@ -45,20 +48,36 @@ class HostArena:
         return self.array[offset : offset + nbytes]
 
     def close(self) -> None:
-        self.array = None
-        try:
-            self._map.close()
-        except BufferError:  # a view is still alive: the mapping goes with it
-            pass
+        self.array = None  # (views keep the mapping)
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
 
 
+class _DeviceAllocation:
+    """One ``cudaMalloc``, freed when the last reference to it (arena or view) goes."""
+
+    def __init__(self, nbytes: int) -> None:
+        import cupy
+
+        self.ptr = cupy.cuda.runtime.malloc(nbytes)
+
+    def __del__(self) -> None:
+        if self.ptr:
+            try:
+                import cupy
+
+                cupy.cuda.runtime.free(self.ptr)  # (waits for the device: nothing may still use it)
+            except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone
+                pass
+            self.ptr = 0
+
+
 class DeviceArena:
     """``nbytes`` of device memory allocated for sharing (not from cupy's pool: an IPC handle
-    names a whole allocation), freed when closed."""
+    names a whole allocation). Closing drops this arena's hold; the memory goes once no view
+    of it is left."""
 
     kind = "device"
 
@@ -66,14 +85,10 @@ class DeviceArena:
         import cupy
 
         self.nbytes = max(int(nbytes), 1)
-        rt = cupy.cuda.runtime
-        self.ptr = rt.malloc(self.nbytes)
-        try:
-            self.handle = rt.ipcGetMemHandle(self.ptr)
-        except Exception:
-            rt.free(self.ptr)
-            raise
-        mem = cupy.cuda.UnownedMemory(self.ptr, self.nbytes, self)
+        self._alloc = _DeviceAllocation(self.nbytes)
+        self.ptr = self._alloc.ptr
+        self.handle = cupy.cuda.runtime.ipcGetMemHandle(self.ptr)
+        mem = cupy.cuda.UnownedMemory(self.ptr, self.nbytes, self._alloc)
         self.array = cupy.ndarray((self.nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
         self.device = cupy.cuda.Device().id
 
@@ -84,12 +99,7 @@ class DeviceArena:
         return self.array[offset : offset + nbytes]
 
     def close(self) -> None:
-        import cupy
-
-        if self.ptr:
-            cupy.cuda.runtime.free(self.ptr)  # (waits for the device: nothing may still use it)
-            self.ptr = 0
-            self.array = None
+        self.array = self._alloc = None
 
 
 def make_arena(nbytes: int, device: bool) -> HostArena | DeviceArena:

@@ -231,6 +231,9 @@ def decode_batch(
                     k, f"{kind} stream does not decode to the {int(caps[k])} bytes it must hold"
                 )
             raise DecodeFailure(k, f"{kind} stream decoded to {int(sizes[k])} bytes, expected {int(caps[k])}")
+        if into is None or all(o is None for o in into):
+            # the decoded bytes are read where they are: their views keep the arena's memory
+            return [arena.view(int(o), int(c)) for o, c in zip(dst_off, caps)], None
         return _drain(arena, dst_off, caps, into, on_device, n)
     finally:
         arena.close()
