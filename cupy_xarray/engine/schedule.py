@@ -229,8 +229,9 @@ def decoder_process_on(device: Any) -> bool:
 
 
 def isolable(codecs: tuple[str, ...]) -> bool:
-    """Whether the decoder process may take a chain's streams: a chain whose compressor is one stream nvCOMP may fault on, not proven by a crc32c
-    (Blosc's streams are decoded inside its own layout, in this process)."""
+    """Whether the decoder process may take a chain's streams: its compressor is one stream
+    nvCOMP may fault on, not proven by a crc32c (Blosc's streams are decoded inside its own
+    layout, in this process)."""
     name = compressor(codecs)
     if name is None or name.startswith("blosc-") or proven(codecs):
         return False
