@@ -1,0 +1,53 @@
+"""Where a large compressed read's time goes: each store read eagerly with ``decode="auto"``
+and ``decode="gpu"`` alternately (twice each), free-running and with exact phases (the
+``profile`` option synchronizes the GPU between phases), with the scheduler's decisions.
+
+    python3 decode_phases.py --dir /tmp/phases --size-gib 4 --stores "zstd tiles,zstd tiles 1MiB"
+
+Stores are those of ``read_patterns.py`` (written there if missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    import cupy
+    import xarray as xr
+    from read_patterns import SIDE, store_specs, write_store
+
+    import cupy_xarray
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default="/tmp/cupy-xarray-phases")
+    ap.add_argument("--size-gib", type=float, default=4.0)
+    ap.add_argument("--stores", default="zstd tiles")
+    args = ap.parse_args()
+    specs = store_specs(max(4, int(args.size_gib * 2**30 / (SIDE * SIDE * 4))))
+    for name in args.stores.split(","):
+        path = Path(args.dir) / (name.replace(" ", "-") + ".zarr")
+        write_store(path, specs[name])
+        for decode in ("auto", "gpu", "auto", "gpu"):
+            for exact in (False, True):
+                cupy.get_default_memory_pool().free_all_blocks()
+                with cupy_xarray.set_options(profile=exact), cupy_xarray.record_reads() as reports:
+                    t0 = time.perf_counter()
+                    out = xr.open_dataset(path, engine="kvikio", decode=decode)["field"].data
+                    cupy.cuda.Device().synchronize()
+                    dt = time.perf_counter() - t0
+                r = reports[-1]
+                label = "exact phases" if exact else "free-running"
+                rate = out.nbytes / dt / 1e9
+                print(f"{name} decode={decode!r} {label}: {rate:.2f} GB/s, {r.batches} batch(es), "
+                      f"staging {r.staging_bytes / 2**30:.2f} GiB")  # fmt: skip
+                if exact:
+                    print("   phases (ms):", {k: round(v * 1e3, 1) for k, v in r.phases.items()})
+                    print("   decisions:", [str(d) for d in r.decisions])
+                del out
+
+
+if __name__ == "__main__":
+    main()
