@@ -203,16 +203,26 @@ def test_reads_spread_evenly_over_workers_with_dasks_defaults(tmp_path, chunks):
         arr = xr.open_dataset(path, engine="kvikio", device="cpu", chunks=chunks).v.data
         # fresh workers: the first one ready would read nearly all (46 of 48 seen) without it
         cupy_xarray.warm_up(client, device="cpu")
-        kept = arr.persist()  # each block stays on the worker that read it
-        distributed.wait(kept)
-        where = client.who_has(kept)
-        np.testing.assert_array_equal(kept.compute(), data)
-    per_worker: dict[str, int] = {}
-    for workers in where.values():
-        for worker in workers:
-            per_worker[worker] = per_worker.get(worker, 0) + 1
-    assert sum(per_worker.values()) == arr.npartitions, per_worker
-    assert len(per_worker) == 2 and min(per_worker.values()) >= 0.3 * arr.npartitions, per_worker
+        seen = []
+        # a graph that pins the reads to one worker does so every time; dask's hand-out of
+        # 48 reads of a few ms between two processes is a race, lopsided once in ten or so on
+        # a 2-core machine: three computations, one of them balanced
+        for _ in range(3):
+            kept = arr.persist()  # each block stays on the worker that read it
+            distributed.wait(kept)
+            where = client.who_has(kept)
+            np.testing.assert_array_equal(kept.compute(), data)
+            per_worker: dict[str, int] = {}
+            for workers in where.values():
+                for worker in workers:
+                    per_worker[worker] = per_worker.get(worker, 0) + 1
+            assert sum(per_worker.values()) == arr.npartitions, per_worker
+            seen.append(per_worker)
+            if len(per_worker) == 2 and min(per_worker.values()) >= 0.3 * arr.npartitions:
+                break
+            del kept
+            client.run(lambda: None)  # (a beat between computations)
+    assert len(per_worker) == 2 and min(per_worker.values()) >= 0.3 * arr.npartitions, seen
 
 
 def test_warm_up_starts_every_worker_and_this_process():
