@@ -116,8 +116,8 @@ class KvikioBackendArray(BackendArray):
             if all(isinstance(s, slice) and s == slice(0, n, 1) for s, n in zip(sel, self.shape)):
                 out, self._preloaded = self._preloaded, None
                 return out
-        device = self.resolved_device()
         with using(self.options):
+            device = resolve_device(self.device, self.threads)
             return read_arrays([(self.spec, key)], device, batch_bytes=self.batch_bytes, decode=self.decode)[
                 0
             ]

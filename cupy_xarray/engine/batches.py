@@ -163,8 +163,3 @@ def segments(streamed: list[tuple[int, ArraySpec, list[ChunkPiece]]], batch_byte
         step = -(-n // count)
         out.extend(Segment(i, spec, pieces[k : k + step]) for k in range(0, n, step))
     return out
-
-
-def progress_bytes(tasks: list[ChunkTask]) -> int:
-    """The bytes the progress bar counts for ``tasks``: what is read for them."""
-    return sum(t.direct[1] if t.direct else t.nbytes for t in tasks)

@@ -160,7 +160,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
         if isinstance(batches[k], cut.Segment):
             located = batches[k].locate(outs, device)
             tasks.extend(located)  # released with the others
-            read.grow_progress(cut.progress_bytes(located))
+            read.grow_progress(located)
             batches[k] = located
         return _submit(session, batches[k], read, size, slots[k])
 
@@ -208,14 +208,14 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                     waiter = None
                     grouped.pop(b, None)
                     clock.lap("sync")
-                    read.advance(cut.progress_bytes(batches[b]))
+                    read.advance(batches[b])
                 jobs.wait()
                 if twins is not None:
                     copy_twins(twins, outs, device)
                 clock.lap("host route")
                 clock.stats.update(jobs.stats or {})
                 learn_from(plan.decisions, tasks, device, clock, jobs)
-                read.advance(sum(t.nbytes for t in on_host))
+                read.advance(on_host)
             except BaseException:
                 # let reads in flight land before their buffers are released
                 if jobs is not None:

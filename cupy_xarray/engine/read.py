@@ -161,25 +161,23 @@ class Read:
             decode=decode,
         )
 
-    @property
-    def on_gpu(self) -> bool:
-        return getattr(self.device, "name", None) == "gpu"
-
-    def progress_bar(self, total: int) -> None:
-        """Start the progress bar over ``total`` bytes (with ``progress``)."""
+    def progress_bar(self, tasks: list) -> None:
+        """Start the progress bar over the bytes read for ``tasks`` (with ``progress``)."""
         if self.progress:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="reading")
+            self.bar = tqdm(total=progress_bytes(tasks), unit="B", unit_scale=True, desc="reading")
 
-    def grow_progress(self, nbytes: int) -> None:
+    def grow_progress(self, tasks: list) -> None:
+        """Count ``tasks``, located after the bar started, in its total."""
         if self.bar is not None:
-            self.bar.total += nbytes
+            self.bar.total += progress_bytes(tasks)
             self.bar.refresh()
 
-    def advance(self, nbytes: int) -> None:
+    def advance(self, tasks: list) -> None:
+        """Count ``tasks`` as read."""
         if self.bar is not None:
-            self.bar.update(nbytes)
+            self.bar.update(progress_bytes(tasks))
 
     def finish(self) -> None:
         """Close the progress bar and file the report (with the reads being recorded)."""
@@ -193,6 +191,12 @@ class Read:
         reports = _recorders.get()
         if reports is not None:
             reports.append(report)
+
+
+def progress_bytes(tasks: list) -> int:
+    """The bytes the progress bar counts for ``tasks``: what is read for them (the bar's work
+    is done only where a bar is shown: the sums run over every task of a read)."""
+    return sum(t.direct[1] if t.direct else t.nbytes for t in tasks)
 
 
 class _Running:

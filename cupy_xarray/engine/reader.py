@@ -22,7 +22,6 @@ from typing import Any
 from ..device import Device, PrototypeDevice
 from ..errors import OutOfMemoryError
 from ..options import get_options
-from .batches import progress_bytes
 from .buffers import on_thread_stream
 from .decoders import decode_choice
 from .execute import execute
@@ -107,7 +106,7 @@ def _run(read: Read) -> list[Any]:
     clock.lap("plan")
     if not tasks and not remote and not streamed:
         return outs
-    read.progress_bar(progress_bytes(tasks))
+    read.progress_bar(tasks)
     if tasks or streamed:
         execute(read, tasks, streamed=streamed)
     if remote:

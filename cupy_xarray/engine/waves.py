@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..options import Options, carried
-from .batches import progress_bytes
 from .execute import execute
 from .locate import fetch, shard_indexes
 from .place import prepare
@@ -93,7 +92,7 @@ def execute_waves(read: Read, remote: list[Request], size: int) -> None:
                     scatter(device.xp, read.outs[i], p.out_sel, spec.fill_value)
                 prepare(found, read.outs[i])
                 tasks.extend(found)
-            read.grow_progress(progress_bytes(tasks))
+            read.grow_progress(tasks)
             if tasks:
                 execute(read, tasks, assemble=False)
     finally:

@@ -42,7 +42,7 @@ class HostArena:
             os.close(fd)
 
     def export(self) -> dict:
-        return {"kind": "host", "path": self.path, "size": self.nbytes}
+        return {"kind": self.kind, "path": self.path, "size": self.nbytes}
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         return self.array[offset : offset + nbytes]
@@ -93,7 +93,7 @@ class DeviceArena:
         self.device = cupy.cuda.Device().id
 
     def export(self) -> dict:
-        return {"kind": "device", "handle": bytes(self.handle), "size": self.nbytes, "device": self.device}
+        return {"kind": self.kind, "handle": bytes(self.handle), "size": self.nbytes, "device": self.device}
 
     def view(self, offset: int, nbytes: int) -> Any:
         return self.array[offset : offset + nbytes]
