@@ -47,6 +47,38 @@ def main() -> None:
                     print("   phases (ms):", {k: round(v * 1e3, 1) for k, v in r.phases.items()})
                     print("   decisions:", [str(d) for d in r.decisions])
                 del out
+        sandbox_alone(path, name)
+
+
+def sandbox_alone(path: Path, name: str) -> None:
+    """The decoder process's round trip alone on the store's frames (already in device memory):
+    arena, copies in and out, IPC, nvCOMP, answer; beside nvCOMP alone in this process."""
+    import cupy
+    import numpy as np
+    import zarr
+    from read_patterns import STREAM_KINDS
+
+    from cupy_xarray.engine.decoders.registry import stream
+    from cupy_xarray.engine.sandbox.client import decode_batch
+
+    kind = STREAM_KINDS.get(name.split()[0])
+    if kind is None:
+        return
+    arr = zarr.open_array(path / "field", mode="r")
+    expected = int(np.prod(arr.chunks)) * arr.dtype.itemsize
+    files = sorted(f for f in (path / "field").rglob("*") if f.is_file() and f.name != "zarr.json")
+    srcs = [cupy.asarray(stream(kind).deframe(np.fromfile(f, np.uint8))) for f in files]
+    into = [cupy.empty(expected, np.uint8) for _ in srcs]
+    for label, target in (("decoded into the arena", None), ("copied out", into)):
+        best = float("inf")
+        for _ in range(4):
+            t0 = time.perf_counter()
+            outs, _keep = decode_batch(kind, srcs, [expected] * len(srcs), target, True, 1.0)
+            cupy.cuda.Device().synchronize()
+            best = min(best, time.perf_counter() - t0)
+            del outs, _keep
+        gb = expected * len(srcs) / 1e9
+        print(f"{name} decoder process alone, {label}: {gb / best:.2f} GB/s ({best * 1e3:.0f} ms)")
 
 
 if __name__ == "__main__":

@@ -146,6 +146,11 @@ class Device:
             return int(free) + int(self.xp.get_default_memory_pool().free_bytes())
         return host_available_bytes()
 
+    def release_cached(self) -> None:
+        """Give the memory pool's cached blocks back to the device (after memory ran short)."""
+        if self.name == "gpu":
+            self.xp.get_default_memory_pool().free_all_blocks()
+
     def synchronize(self) -> None:
         if self.name == "gpu":
             self.xp.cuda.get_current_stream().synchronize()

@@ -66,6 +66,7 @@ class Options:
     default_batch_bytes: int = 2048 * 2**20
     memory_share: float = 0.5
     max_batch_bytes: int = 8 * 2**30
+    min_batch_bytes: int = 64 * 2**20
     host_assembly_bytes: int = 16 * 2**20
     check_memory_bytes: int = 64 * 2**20
     stream_bytes: int = 256 * 2**20
@@ -224,10 +225,12 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         Fetch HTTP(S) stores on a pool of threads (``CUPY_XARRAY_THREADED_HTTP``,
         ``CUPY_XARRAY_HTTP_THREADS``).
 
-    memory_share, max_batch_bytes
+    memory_share, max_batch_bytes, min_batch_bytes
         A large GPU read nvCOMP decodes may use up to ``memory_share`` (default a half) of the
         device memory free beyond its outputs for its batches, each at most
-        ``max_batch_bytes``; its report says what its staging took.
+        ``max_batch_bytes``; its report says what its staging took. Where memory runs short,
+        a read whose outputs fit starts again with batches a quarter the size, down to
+        ``min_batch_bytes`` (default 64 MiB), and its report says so.
 
     The others (``wave_bytes``, ``stream_bytes``, ``inline_bytes``, ...) say how the
     engine cuts a read up; the contributor guide explains them.

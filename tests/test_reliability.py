@@ -194,6 +194,106 @@ def test_out_of_memory_is_refused_before_allocating(tmp_path, device):
     assert (host(small.data) == 0).all()  # the fill value
 
 
+def _short_store(path, compressors):
+    # tiles: staged, then scattered (not read straight into the output)
+    arr = zarr.create_array(
+        path, shape=(32, 256, 1024), chunks=(2, 128, 512), dtype="f4", compressors=compressors
+    )
+    arr[:] = np.random.default_rng(3).standard_normal(arr.shape, dtype="f4").cumsum(axis=2)
+    return arr
+
+
+@pytest.mark.parametrize("compressors", [None, ZSTD], ids=["uncompressed", "zstd"])
+def test_read_short_of_memory_takes_smaller_batches(tmp_path, device, options, monkeypatch, compressors):
+    """A read whose output fits but whose batches do not: read again in smaller batches,
+    the same values, and the report says so."""
+    from cupy_xarray import record_reads
+    from cupy_xarray.device import Device, resolve_device
+    from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.schedule import Scheduler
+
+    arr = _short_store(tmp_path / "a.zarr", compressors)
+    options(min_batch_bytes=2 * 2**20)
+    real, refused = Device.empty, []
+
+    def empty(self, shape, dtype):  # staging (flat bytes) above 5 MiB does not fit
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if len(shape) == 1 and np.dtype(dtype) == np.uint8 and n > 5 * 2**20:
+            refused.append(n)
+            raise MemoryError(f"no room for {n} bytes")
+        return real(self, shape, dtype)
+
+    monkeypatch.setattr(Device, "empty", empty)
+    dev = resolve_device(device)
+    with gpu_memory_returns(device), record_reads() as reports:
+        (got,) = read_arrays(
+            [(array_spec(arr), (slice(None),))],
+            dev,
+            batch_bytes=64 * 2**20,
+            scheduler=Scheduler(force="batch"),
+        )
+    np.testing.assert_array_equal(host(got), arr[...])
+    assert refused, "no allocation was refused: the test proves nothing"
+    (report,) = reports
+    assert report.notes and "memory ran short" in report.notes[0], report
+    assert "note: memory ran short" in str(report)
+    assert report.batches > 1 and report.staging_bytes <= 5 * 2**20
+
+
+def test_read_short_of_memory_at_the_smallest_batches_raises(tmp_path, device, options, monkeypatch):
+    from cupy_xarray.device import Device, resolve_device
+    from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.schedule import Scheduler
+
+    arr = _short_store(tmp_path / "a.zarr", None)
+    options(min_batch_bytes=2 * 2**20)
+    real, tries = Device.empty, []
+
+    def empty(self, shape, dtype):
+        if len(shape) == 1 and np.dtype(dtype) == np.uint8:
+            tries.append(int(np.prod(shape)))
+            raise MemoryError("no room at all")
+        return real(self, shape, dtype)
+
+    monkeypatch.setattr(Device, "empty", empty)
+    with pytest.raises(OutOfMemoryError, match="'a'|chunks="):
+        read_arrays(
+            [(array_spec(arr), (slice(None),))],
+            resolve_device(device),
+            batch_bytes=32 * 2**20,
+            scheduler=Scheduler(force="batch"),
+        )
+    assert len(tries) >= 2 and min(tries) <= 2 * 2**20, tries  # it tried smaller ones first
+
+
+@pytest.mark.gpu
+def test_read_short_of_device_memory_succeeds(tmp_path, options):
+    """Real device memory: all but a little beyond the output taken by another array; a read
+    asked for batches that cannot fit still reads, slower, and says so."""
+    import cupy
+
+    from cupy_xarray import record_reads
+
+    path = tmp_path / "big.zarr"
+    arr = zarr.create_array(path, shape=(64, 2048, 2048), chunks=(4, 512, 512), dtype="f4", compressors=ZSTD)
+    ref = np.random.default_rng(4).standard_normal((64, 2048, 2048), dtype="f4").cumsum(axis=2)
+    arr[:] = ref
+    ds = xr.open_dataset(path, engine="kvikio", consolidated=False, batch_bytes=8 * 2**30, decode="gpu")
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    free = cupy.cuda.runtime.memGetInfo()[0]
+    hog = cupy.empty(free - arr.nbytes - 400 * 2**20, dtype=cupy.uint8)  # 400 MiB left beyond the output
+    try:
+        with record_reads() as reports:
+            got = ds["array"].data if "array" in ds else next(iter(ds.data_vars.values())).data
+        assert reports[-1].notes, str(reports[-1])
+        np.testing.assert_array_equal(got.get(), ref)
+        del got
+    finally:
+        del hog
+        pool.free_all_blocks()
+
+
 @pytest.mark.gpu
 def test_threads_mixing_gpu_and_cpu(tmp_path):
     import kvikio.defaults

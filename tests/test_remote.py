@@ -702,7 +702,6 @@ def test_what_lands_in_pinned_memory(codecs, decode, pinned):
     to the host."""
     from types import SimpleNamespace
 
-
     spec = SimpleNamespace(recipe=SimpleNamespace(bytes_codecs=codecs))
     assert lands_pinned(spec, SimpleNamespace(name="gpu"), decode) is pinned
     assert lands_pinned(spec, SimpleNamespace(name="cpu"), decode) is False

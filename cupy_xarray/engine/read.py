@@ -51,6 +51,8 @@ class ReadReport:
         Memory each batch's staging buffer took beside the outputs (0: none).
     crowded
         Another read ran beside this one (its timings are not its own).
+    notes
+        What the read had to change to succeed (device memory ran short: smaller batches).
     """
 
     arrays: list[str] = field(default_factory=list)
@@ -63,6 +65,7 @@ class ReadReport:
     batches: int = 0
     staging_bytes: int = 0
     crowded: bool = False
+    notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         gbs = self.nbytes / self.seconds / 1e9 if self.seconds else 0.0
@@ -73,6 +76,7 @@ class ReadReport:
             f"staging {self.staging_bytes / 2**20:.1f} MiB, decode={self.decode!r}"
         ]
         lines += [f"  {d}" for d in self.decisions]
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -161,6 +165,27 @@ class Read:
             decode=decode,
         )
 
+    def smaller_batches(self, exc: BaseException) -> bool:
+        """After memory ran short (``exc``), start again with batches a quarter the size (of
+        the staging the failed attempt took); False where they are at the ``min_batch_bytes``
+        option already, or the outputs alone could not be made."""
+        tried = min((n for n in (self.batch_bytes, self.report.staging_bytes) if n), default=0)
+        least = self.options.min_batch_bytes
+        if not tried or tried <= least:
+            return False
+        self.batch_bytes = max(least, tried // 4)
+        self.outs[:] = [None] * len(self.requests)
+        self.filled.clear()
+        self.report.notes.append(
+            f"memory ran short with batches of {tried / 2**20:.0f} MiB ({type(exc).__name__}); "
+            f"read again in batches of {self.batch_bytes / 2**20:.0f} MiB"
+        )
+        self.report.staging_bytes = 0
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        return True
+
     def progress_bar(self, tasks: list) -> None:
         """Start the progress bar over the bytes read for ``tasks`` (with ``progress``)."""
         if self.progress:
@@ -233,11 +258,12 @@ def _gib(n: float) -> str:
 def check_memory(
     requests: list[tuple[ArraySpec, tuple]], device: Any, batch_bytes: int, options: Options
 ) -> None:
-    """Refuse a read whose outputs and read buffers cannot fit in the device's free memory
-    (reads below the ``check_memory_bytes`` option are not checked: asking the driver costs
-    every read, and an allocation that fails still raises OutOfMemoryError)."""
+    """Refuse a read whose outputs and smallest read buffers (two batches of ``batch_bytes``)
+    cannot fit in the device's free memory (reads below the ``check_memory_bytes`` option are
+    not checked: asking the driver costs every read, and an allocation that fails still
+    raises OutOfMemoryError). A read that fits takes smaller batches where memory is short."""
     out = sum(math.prod(output_shape(sel, spec.shape)) * spec.dtype.itemsize for spec, sel in requests)
-    needed = out + min(batch_bytes, 2 * out)
+    needed = out + min(2 * batch_bytes, 2 * out)
     if needed < options.check_memory_bytes:
         return
     free = device.free_bytes()

@@ -116,20 +116,33 @@ def _run(read: Read) -> list[Any]:
     return outs
 
 
+def _attempt(read: Read) -> list[Any]:
+    device = read.device
+    if isinstance(device, Device) and device.name == "gpu":
+        with on_thread_stream(device.xp):  # this thread's own stream: reads in other threads overlap
+            outs = _run(read)
+            device.synchronize()
+            return outs
+    return _run(read)
+
+
 def _read(read: Read) -> list[Any]:
+    """Run the read; where memory runs short, again with smaller batches (a read whose
+    outputs fit succeeds, slower, and its report says so)."""
     device = read.device
     if isinstance(device, Device):
-        check_memory(
-            read.requests, device, read.batch_bytes or read.options.default_batch_bytes, read.options
-        )
+        check_memory(read.requests, device, read.options.min_batch_bytes, read.options)
     try:
         with RUNNING.running(read.clock):
-            if isinstance(device, Device) and device.name == "gpu":
-                with on_thread_stream(device.xp):  # this thread's own stream: reads in other threads overlap
-                    outs = _run(read)
-                    device.synchronize()
-                    return outs
-            return _run(read)
+            while True:
+                try:
+                    return _attempt(read)
+                except BaseException as exc:
+                    if not is_oom(exc) or not isinstance(device, Device) or not read.smaller_batches(exc):
+                        raise
+                    traceback.clear_frames(exc.__traceback__)  # the failed attempt's buffers go now
+                    del exc
+                    device.release_cached()
     finally:
         read.finish()
 

@@ -61,7 +61,18 @@ class _DeviceAllocation:
     def __init__(self, nbytes: int) -> None:
         import cupy
 
-        self.ptr = cupy.cuda.runtime.malloc(nbytes)
+        self.ptr = 0
+        rt = cupy.cuda.runtime
+        for _ in range(2):
+            try:
+                self.ptr = rt.malloc(nbytes)
+                return
+            except rt.CUDARuntimeError as exc:
+                if exc.status != 2:  # cudaErrorMemoryAllocation
+                    raise
+            # cupy's pool may hold the memory as cached blocks, which cudaMalloc cannot use
+            cupy.get_default_memory_pool().free_all_blocks()
+        raise MemoryError(f"out of device memory for the decoder process's arena ({nbytes / 2**20:.0f} MiB)")
 
     def __del__(self) -> None:
         if self.ptr:
