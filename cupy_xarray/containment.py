@@ -75,8 +75,27 @@ class Containment:
         return cls(os.path.realpath(os.fspath(path)), allow_external_links)
 
     def inside(self, path: str) -> bool:
-        real = os.path.realpath(path)
+        return self._holds(os.path.realpath(path))
+
+    def _holds(self, real: str) -> bool:
         return real == self.root or real.startswith(self.root.rstrip(os.sep) + os.sep)
+
+    def check_opened(self, fd: int, path: str, key: str) -> None:
+        """Refuse a file already opened (``fd``, opened by ``path``) that lies outside the root:
+        what was opened is checked, not the name, so a file swapped for a link between a
+        check and the open cannot lead out (Linux's ``/proc/self/fd``; elsewhere the name)."""
+        if self.allow_external_links:
+            return
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            real = os.path.realpath(path)
+        if not self._holds(real):
+            raise UnsafeStoreError(
+                f"chunk {key!r} opened {real!r}, outside the store root {self.root!r} (a symbolic "
+                f"link?); {_LINK_HINT}",
+                key=key,
+            )
 
     def check_path(self, path: str, key: str, what: str = "path") -> None:
         """Refuse ``path`` when it resolves outside the root (and links out are not allowed)."""
@@ -135,15 +154,7 @@ class Containment:
         if not os.path.isdir(gdir):
             return
         for name in _METADATA_FILES:
-            path = os.path.join(gdir, name)
-            if os.path.lexists(path):
-                self.check_path(path, _join(group, name), "metadata file")
-                if os.path.isfile(path) and os.path.getsize(path) > MAX_METADATA_BYTES:
-                    raise UnsafeStoreError(
-                        f"metadata file {_join(group, name)!r} in {where} is "
-                        f"{os.path.getsize(path)} bytes, more than the {MAX_METADATA_BYTES} read",
-                        key=_join(group, name),
-                    )
+            self._check_metadata(os.path.join(gdir, name), _join(group, name), where)
         with os.scandir(gdir) as entries:
             for entry in entries:
                 if entry.is_symlink():
@@ -151,10 +162,31 @@ class Containment:
                 if entry.is_dir():
                     for name in _METADATA_FILES:
                         path = os.path.join(entry.path, name)
-                        if os.path.islink(path):
-                            self.check_path(path, _join(group, entry.name, name), "metadata file")
+                        self._check_metadata(path, _join(group, entry.name, name), where)
         for key in consolidated_members(gdir):
             check_key(key, "consolidated member", f"{where} (consolidated metadata)")
+
+    def _check_metadata(self, path: str, key: str, where: str) -> None:
+        """A metadata file (group's or member's), if there is one: inside the root, a regular
+        file (a FIFO would block its reader, a device never end), at most MAX_METADATA_BYTES."""
+        if not os.path.lexists(path):
+            return
+        if os.path.islink(path):
+            self.check_path(path, key, "metadata file")
+        try:
+            st = os.stat(path)
+        except OSError:
+            return  # a dangling link: zarr-python reports the member missing
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeStoreError(
+                f"metadata file {key!r} in {where} is {file_kind(st.st_mode)}, not a regular file", key=key
+            )
+        if st.st_size > MAX_METADATA_BYTES:
+            raise UnsafeStoreError(
+                f"metadata file {key!r} in {where} is {st.st_size} bytes, more than the "
+                f"{MAX_METADATA_BYTES} read",
+                key=key,
+            )
 
     def check_hierarchy(self, group: str | None) -> None:
         """:meth:`check_group` for a group and every group below it (before zarr-python lists
@@ -169,12 +201,26 @@ class Containment:
             self.check_hierarchy(_join(group, name))
 
 
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for messages."""
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
 def _is_group(path: str) -> bool:
     """A directory holding a Zarr group's metadata (v2 ``.zgroup`` or v3 ``zarr.json``)."""
     if os.path.isfile(os.path.join(path, ".zgroup")):
         return True
     meta = os.path.join(path, "zarr.json")
-    if not os.path.isfile(meta) or os.path.getsize(meta) > MAX_METADATA_BYTES:
+    if not os.path.isfile(meta) or os.path.getsize(meta) > MAX_METADATA_BYTES:  # (isfile: no FIFO)
         return False
     try:
         with open(meta, "rb") as f:

@@ -78,6 +78,7 @@ class Options:
     inline_bytes: int = 4 * 2**20
     inline_read_bytes: int = 256 * 2**10
     job_bytes: int = 4 * 2**20
+    kept_buffer_bytes: int = 64 * 2**20
     small_read_bytes: int = 64 * 2**20
     split_gain: float = 0.6
     box_min_row: int = 512

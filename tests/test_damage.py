@@ -200,21 +200,34 @@ print("peak MiB", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) 
 
 @pytest.mark.parametrize("kind", ["gzip", "zlib"])
 def test_decompression_stops_at_the_chunk_size(tmp_path, device, kind):
-    """A 48-byte chunk replaced by ~0.5 MiB that inflates to 512 MiB: refused without inflating
+    """A 1 MiB chunk replaced by ~0.5 MiB that inflates to 512 MiB: refused without inflating
     it (the read's memory stays far below the bomb's size)."""
     comp = {"gzip": numcodecs.GZip(level=1), "zlib": numcodecs.Zlib(level=1)}[kind]
     store = tmp_path / "s.zarr"
-    chunk = _one_chunk_store(store, 2, comp, np.arange(12, dtype="float32"))
+    chunk = _one_chunk_store(store, 2, comp, np.arange(2**18, dtype="float32"))
     bomb = bytearray(_bomb(kind, 512 << 20))
+    assert len(bomb) < 2**20  # within the file's bound: the decoder must stop it
     if kind == "gzip":  # a trailer that claims the chunk's own size
-        bomb[-4:] = (48).to_bytes(4, "little")
+        bomb[-4:] = (2**20).to_bytes(4, "little")
     open(chunk, "wb").write(bytes(bomb))
     script = _BOMB_READ.format(here=HERE, store=str(store), device=device)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300).stdout
     assert out.startswith("ChunkError") and "chunk '0'" in out, out
     if device == "cpu":
-        assert "more than the 48 bytes" in out, out
+        assert "more than the 1048576 bytes" in out, out
     assert int(out.split("peak MiB")[1]) < 128, out
+
+
+def test_chunk_file_larger_than_any_codec_writes_is_not_read(tmp_path, device):
+    """A 48-byte chunk in a 2 GiB sparse file: refused before any of it is read."""
+    store = tmp_path / "s.zarr"
+    chunk = _one_chunk_store(store, 3, [zarr.codecs.ZstdCodec()], np.arange(12, dtype="float32"))
+    with open(chunk, "r+b") as f:
+        f.truncate(2**31)
+    script = _BOMB_READ.format(here=HERE, store=str(store), device=device)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300).stdout
+    assert out.startswith("ChunkError") and "more than any codec stores a 48-byte chunk" in out, out
+    assert int(out.split("peak MiB")[1]) < 64, out
 
 
 def test_shard_index_entry_that_overflows_64_bits(tmp_path, device):

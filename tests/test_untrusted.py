@@ -384,3 +384,104 @@ def test_directories_are_checked_once_while_open_chunk_files_every_read(tmp_path
     with sentinel, pytest.raises(UnsafeStoreError, match="c/0/0.*outside the store root"):
         _open(store, device).a.load()
     assert chunk_dir in seen  # a new open walks the directories again
+
+
+# -- hostile stores, second round ------------------------------------------------------------
+
+
+def _half_empty_index(store, field):
+    """Damage the first inner chunk's shard index entry: only its ``field`` (0 offset, 1
+    length) becomes 2**64-1, the index's crc32c recomputed so that only the entry is wrong."""
+    import google_crc32c
+
+    shard = store / "a" / "c" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    n = 2 * 2 * 16 + 4  # 2 x 2 inner chunks, (offset, length) each, then the crc32c
+    index = np.frombuffer(bytes(raw[-n:-4]), "<u8").copy()
+    index[field] = np.uint64(2**64 - 1)
+    body = index.tobytes()
+    raw[-n:] = body + google_crc32c.value(body).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("field", [0, 1], ids=["offset", "length"])
+@pytest.mark.parametrize("where", ["local", "http"])
+def test_half_empty_shard_index_entry_is_an_error_not_fill(tmp_path, device, field, where):
+    """The spec marks an empty inner chunk with both fields 2**64-1: one alone is damage."""
+    from loopback import HTTPStores
+
+    from cupy_xarray.errors import ChunkError
+
+    store = tmp_path / "s.zarr"
+    _write(store, compressors=None, shards=(8, 8))
+    _half_empty_index(store, field)
+    with pytest.raises(Exception) as zarr_says:  # zarr-python refuses it too
+        xr.open_dataset(store, engine="zarr").a.load()
+    del zarr_says
+    with HTTPStores(tmp_path) as server:
+        url = f"{server.url}/s.zarr" if where == "http" else store
+        with pytest.raises(ChunkError, match=r"half empty.*corrupt shard") as info:
+            _open(url, device).a.load()
+    assert info.value.chunk == "c/0/0" and info.value.array == "a"
+
+
+def test_chunk_swapped_for_a_link_after_its_check_is_refused(tmp_path, device, monkeypatch):
+    """Check, then open by name: a chunk swapped for a link out of the root between the two is
+    caught at the open (what was opened is checked)."""
+    from cupy_xarray.containment import Containment
+
+    store = tmp_path / "s.zarr"
+    _write(store, compressors=None)
+    outside = Sentinel(tmp_path / "secret")
+    real = Containment.stat_chunk
+
+    def check_then_swap(self, path, key, checked, base=""):
+        st = real(self, path, key, checked, base)
+        if key == "c/1/1":
+            os.unlink(path)
+            os.symlink(outside.path, path)
+        return st
+
+    monkeypatch.setattr(Containment, "stat_chunk", check_then_swap)
+    ds = _open(store, device)
+    with pytest.raises(UnsafeStoreError, match=r"'c/1/1' opened .*outside the store root"):
+        ds.a.load()
+
+
+@pytest.mark.parametrize("what", ["chunk", "shard", "array metadata", "group metadata"])
+def test_fifo_in_a_store_is_refused_not_waited_on(tmp_path, device, what):
+    store = tmp_path / "s.zarr"
+    _write(store, compressors=None, shards=(8, 8) if what == "shard" else None, consolidated=False)
+    path = {
+        "chunk": store / "a" / "c" / "0" / "0",
+        "shard": store / "a" / "c" / "0" / "0",
+        "array metadata": store / "a" / "zarr.json",
+        "group metadata": store / "zarr.json",
+    }[what]
+    path.unlink()
+    os.mkfifo(path)
+    t0 = time.monotonic()
+    with pytest.raises((StoreError, cupy_xarray.errors.ChunkError), match="FIFO"):
+        _open(store, device, consolidated=False).a.load()
+    assert time.monotonic() - t0 < 30
+
+
+def test_huge_array_metadata_is_refused_before_parsing(tmp_path, device):
+    from cupy_xarray.containment import MAX_METADATA_BYTES
+
+    store = tmp_path / "s.zarr"
+    _write(store, consolidated=False)
+    with open(store / "a" / "zarr.json", "r+b") as f:
+        f.truncate(MAX_METADATA_BYTES + 1)  # sparse: costs nothing on disk
+    with pytest.raises(UnsafeStoreError, match=r"'a/zarr.json'.*more than"):
+        _open(store, device, consolidated=False)
+
+
+def test_large_cpu_decode_buffers_are_not_kept_by_threads(options):
+    from cupy_xarray.engine import buffers
+
+    options(kept_buffer_bytes=2**20)
+    small = buffers.thread_buffer("probe", 2**19)
+    assert getattr(buffers._local, "probe", None) is not None and len(small) == 2**19
+    big = buffers.thread_buffer("probe-big", 2**21)
+    assert len(big) == 2**21 and getattr(buffers._local, "probe-big", None) is None

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ..options import get_options
+
 _local = threading.local()
 
 
@@ -20,8 +22,12 @@ def pinned_buffer(nbytes: int) -> np.ndarray:
 
 
 def thread_buffer(name: str, nbytes: int, pinned: bool = False) -> np.ndarray:
-    """This thread's host buffer ``name`` of at least ``nbytes`` (grown, never shrunk);
-    ``pinned``: page-locked, so that copies from it to the GPU run at full speed."""
+    """This thread's host buffer ``name`` of at least ``nbytes``, kept for its next jobs up to
+    the ``kept_buffer_bytes`` option (a larger one is made for the job alone: chunks of a GiB
+    must not leave a GiB held per thread after the read); ``pinned``: page-locked, so that
+    copies from it to the GPU run at full speed (cupy's pinned pool keeps those)."""
+    if not pinned and nbytes > get_options().kept_buffer_bytes:
+        return np.empty(max(nbytes, 1), dtype=np.uint8)
     key = f"{name}-pinned" if pinned else name
     buf = getattr(_local, key, None)
     if buf is None or len(buf) < nbytes:

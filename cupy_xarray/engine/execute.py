@@ -37,7 +37,7 @@ def _submit(session: Any, batch: list[ChunkTask], read: Read, size: int, slots=N
         t.staging = staging
         t.data = staging[off : off + t.nbytes]
         t.stage = off
-        ops.append(ReadOp(t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key, t.blob))
+        ops.append(ReadOp(t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key, t.blob, t.spec.containment))
     flat: dict[int, Any] = {}
     for t in batch:
         if t.direct is not None:
@@ -45,7 +45,7 @@ def _submit(session: Any, batch: list[ChunkTask], read: Read, size: int, slots=N
             if t.out not in flat:
                 flat[t.out] = bytes_of(read.outs[t.out])
             dest = flat[t.out][out_off : out_off + n]
-            ops.append(ReadOp(t.path, file_off, n, dest, t.spec.name, t.key, t.blob))
+            ops.append(ReadOp(t.path, file_off, n, dest, t.spec.name, t.key, t.blob, t.spec.containment))
     return session.submit(ops)
 
 

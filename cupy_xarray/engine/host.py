@@ -90,7 +90,9 @@ def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
         # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
         stored = thread_buffer("stored", task.nbytes, pinned=gpu and not recipe.bytes_codecs)
         if hi > lo:
-            _pread_into(ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key))
+            op = ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key)
+            op.containment = task.spec.containment
+            _pread_into(op)
     t1 = time.perf_counter()
     data = stored
     if recipe.bytes_codecs:
@@ -119,7 +121,7 @@ def _direct_job(task: ChunkTask, out: Any, device: Any) -> None:
     file_off, n, dst = task.direct
     if not n:
         return
-    op = ReadOp(task.path, file_off, n, None, task.spec.name, task.key, task.blob)
+    op = ReadOp(task.path, file_off, n, None, task.spec.name, task.key, task.blob, task.spec.containment)
     if device.name != "gpu":
         op.dest = out.reshape(-1).view(np.uint8)[dst : dst + n]
         _pread_into(op)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +34,8 @@ class ReadOp:
     """Read ``nbytes`` at ``offset`` of ``path`` into ``dest`` (a 1-D uint8 buffer).
 
     ``blob``: the object's bytes already fetched from a remote store (a uint8 NumPy array);
-    ``offset`` is then into it, and nothing is read from a file.
+    ``offset`` is then into it, and nothing is read from a file. ``containment``: the root an
+    untrusted store's files must lie in (:func:`open_chunk` checks what it opened).
     """
 
     path: str
@@ -43,6 +45,50 @@ class ReadOp:
     array: str
     chunk: str
     blob: Any = None
+    containment: Any = None
+
+
+def open_chunk(path: str, containment: Any, array: str, key: str) -> tuple[int, int]:
+    """Open a chunk or shard file for reading: (descriptor, size). Only a regular file is
+    read (a FIFO would block the open, which is non-blocking for that reason; a device would
+    never end); for an untrusted store, the file opened must lie inside its root
+    (:meth:`~cupy_xarray.containment.Containment.check_opened`: what was opened, not the name,
+    is checked). Raises ChunkError naming the chunk, FileNotFoundError where there is none."""
+    from ..containment import file_kind
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ChunkError(_os_message(exc), array=array, chunk=key, path=path) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ChunkError(
+                f"chunk path is {file_kind(st.st_mode)}, not a regular file (refused)",
+                array=array,
+                chunk=key,
+                path=path,
+            )
+        if containment is not None:
+            containment.check_opened(fd, path, key)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def _open(op: ReadOp) -> int:
+    try:
+        fd, size = open_chunk(op.path, op.containment, op.array, op.chunk)
+    except FileNotFoundError as exc:
+        raise _error(op, "chunk file disappeared during the read") from exc
+    if op.offset + op.nbytes > size:
+        os.close(fd)
+        got = max(0, size - op.offset)
+        raise _error(op, f"file ended after {got} of {op.nbytes} bytes (truncated?)")
+    return fd
 
 
 def _error(op: ReadOp, msg: str) -> ChunkError:
@@ -83,10 +129,7 @@ def _pread_into(op: ReadOp) -> None:
     if op.blob is not None:
         copy_blob(op)
         return
-    try:
-        fd = os.open(op.path, os.O_RDONLY)
-    except OSError as exc:
-        raise _error(op, _os_message(exc)) from exc
+    fd = _open(op)
     try:
         view = memoryview(op.dest).cast("B")
         done = 0
@@ -260,6 +303,12 @@ class _KvikioPending:
             self.wait()
 
 
+def _opened_name(fd: int, path: str) -> str:
+    """A name that opens the same file as ``fd`` (Linux: ``/proc/self/fd/N``), else ``path``."""
+    name = f"/proc/self/fd/{fd}"
+    return name if os.path.exists(name) else path
+
+
 class _KvikioSession:
     def __init__(self, threads: int) -> None:
         self._threads = threads
@@ -273,14 +322,17 @@ class _KvikioSession:
                 if op.blob is not None:  # fetched bytes: copied to the device on CPU threads
                     items.append((None, _posix_pool(self._threads).submit(copy_blob, op), op))
                     continue
+                fd = _open(op)
                 try:
-                    f = kvikio.CuFile(op.path, "r")
+                    # kvikio opens by name: the name of what was opened and checked, so that
+                    # a file swapped meanwhile is not what it reads
+                    f = kvikio.CuFile(_opened_name(fd, op.path), "r")
                 except Exception as exc:
                     if isinstance(exc, OSError):
                         raise _error(op, _os_message(exc)) from exc
-                    if not os.access(op.path, os.R_OK):
-                        raise _error(op, "permission denied reading the chunk") from exc
                     raise _error(op, f"kvikio cannot open the chunk: {exc}") from exc
+                finally:
+                    os.close(fd)
                 try:
                     fut = f.pread(op.dest, op.nbytes, file_offset=op.offset)
                 except Exception:

@@ -9,6 +9,7 @@ import os
 import stat
 from typing import Any
 
+from ..containment import file_kind
 from ..errors import ChunkError
 from .plan import ChunkPiece
 from .schedule import lands_pinned
@@ -40,10 +41,7 @@ def locate(
                 continue
             except OSError as exc:
                 raise ChunkError(f"cannot stat chunk: {exc}", array=spec.name, chunk=key, path=path) from exc
-            if stat.S_ISDIR(st.st_mode):
-                raise ChunkError(
-                    "chunk path is a directory, not a file", array=spec.name, chunk=key, path=path
-                )
+            check_chunk_file(spec, st, key, path)
             tasks.append(ChunkTask(out, spec, p, path, key, 0, st.st_size))
         return tasks, missing
     indexes: dict[tuple[int, ...], Any] = {}
@@ -57,6 +55,30 @@ def locate(
         offset, nbytes, key = found
         tasks.append(ChunkTask(out, spec, p, spec.chunk_path(shard), key, offset, nbytes))
     return tasks, missing
+
+
+def check_chunk_file(spec: ArraySpec, st: os.stat_result, key: str, path: str) -> None:
+    """Before a chunk file is read: a regular file (not a directory, FIFO, device or socket),
+    no larger than any codec stores the chunk in (a store cannot make a read take more
+    memory than its chunks' bound: :func:`.shards.stored_bound`)."""
+    if stat.S_ISDIR(st.st_mode):
+        raise ChunkError("chunk path is a directory, not a file", array=spec.name, chunk=key, path=path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ChunkError(
+            f"chunk path is {file_kind(st.st_mode)}, not a regular file (refused)",
+            array=spec.name,
+            chunk=key,
+            path=path,
+        )
+    most = stored_bound(spec.recipe.nbytes) if spec.recipe is not None else None
+    if most is not None and st.st_size > most:
+        raise ChunkError(
+            f"chunk file is {st.st_size} bytes, more than any codec stores a {spec.recipe.nbytes}-byte "
+            "chunk in (corrupt or hostile store; nothing was read)",
+            array=spec.name,
+            chunk=key,
+            path=path,
+        )
 
 
 def places(spec: ArraySpec, pieces: list[ChunkPiece]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:

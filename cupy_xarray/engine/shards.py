@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ChunkError
 from .decoders.crc32c import value as crc32c_value
+from .io import open_chunk
 from .spec import ArraySpec
 
 EMPTY = np.uint64(2**64 - 1)
@@ -33,13 +34,10 @@ def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarr
         except FileNotFoundError:
             return None
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd, size = open_chunk(path, spec.containment, spec.name, key)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        raise ChunkError(f"cannot open shard: {exc}", array=spec.name, chunk=key, path=path) from exc
     try:
-        size = os.fstat(fd).st_size
         if size < nbytes:
             raise ChunkError(
                 f"shard is {size} bytes, shorter than its {nbytes}-byte index (truncated?)",
@@ -49,8 +47,6 @@ def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarr
             )
         offset = 0 if layout.index_at_start else size - nbytes
         raw = os.pread(fd, nbytes, offset)
-    except IsADirectoryError as exc:
-        raise ChunkError("shard path is a directory", array=spec.name, chunk=key, path=path) from exc
     finally:
         os.close(fd)
     return parse_index(spec, raw, size, key, path)
@@ -108,6 +104,16 @@ def parse_index(spec: ArraySpec, raw: bytes, size: int | None, key: str, path: s
         raw = body
     index = np.frombuffer(raw, dtype="<u8").astype(np.uint64).reshape(per_shard + (2,))
     offsets, lengths = index[..., 0], index[..., 1]
+    half = (offsets == EMPTY) != (lengths == EMPTY)
+    if half.any():  # the spec marks an empty inner chunk with both fields: one alone is damage
+        inner = tuple(int(i) for i in np.argwhere(half)[0])
+        raise ChunkError(
+            f"shard index entry of inner chunk {inner} is half empty (only its "
+            f"{'offset' if offsets[inner] == EMPTY else 'length'} is 2**64-1: corrupt shard)",
+            array=spec.name,
+            chunk=key,
+            path=path,
+        )
     present = offsets != EMPTY
     starts, counts = offsets[present], lengths[present]
     if size is None:  # a remote shard: its size is not known, bound each chunk by what it can hold
