@@ -173,14 +173,43 @@ def _is_local_store_object(obj: Any) -> bool:
     return type(obj).__name__ == "LocalStore" and hasattr(obj, "root")
 
 
+#: fsspec protocols that only cache what they wrap (a chain of them over a local file system
+#: is a local store)
+_CACHES = ("simplecache", "filecache", "blockcache")
+
+
+def _fsspec_local_path(obj: Any) -> str | None:
+    """The directory behind ``zarr.storage.FsspecStore`` over fsspec's local file system."""
+    fs = getattr(obj, "fs", None)
+    if type(obj).__name__ != "FsspecStore" or fs is None:
+        return None
+    fs = getattr(fs, "sync_fs", fs)  # (zarr wraps a synchronous file system for async use)
+    protocol = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+    if not {"file", "local"} & set(protocol):
+        return None
+    return os.path.abspath(fs._strip_protocol(obj.path))
+
+
 def local_store_path(obj: Any) -> str | None:
-    """The directory behind a local store given as a path (``~`` expanded), a ``file://`` URL
-    or a ``zarr.storage.LocalStore``; None for anything else (remote URLs, other stores)."""
+    """The directory behind a local store, whatever form names it: a path (``~`` expanded), a
+    ``file://`` or ``local://`` URL (behind fsspec's caches too: ``simplecache::file://...``),
+    a ``zarr.storage.LocalStore`` or an ``FsspecStore`` over the local file system; None for
+    anything else (remote URLs, other stores). Every one of them gets the same checks."""
     if _is_local_store_object(obj):
         return os.fspath(obj.root)
+    fsspec_path = _fsspec_local_path(obj)
+    if fsspec_path is not None:
+        return fsspec_path
     if not isinstance(obj, str | os.PathLike):
         return None
     path = os.fspath(obj)
+    *wrappers, last = path.split("::") if "::" in path else [path]
+    if wrappers and all(w.split("://")[0] in _CACHES for w in wrappers):
+        path = last
+    if path.startswith("local://"):
+        path = "file://" + path[len("local://") :]
+    if path.startswith("file://") and not path.startswith(("file:///", "file://localhost/")):
+        return os.path.abspath(path[len("file://") :])  # fsspec's file://relative/path
     if path.startswith("file://"):
         from urllib.parse import urlparse
         from urllib.request import url2pathname

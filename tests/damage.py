@@ -261,13 +261,24 @@ def gpu_alive() -> str | None:
 def _child(args) -> None:
     runner = Runner(tempfile.mkdtemp(prefix="damage-"), args.device)
     todo = cases(args.cases, args.seed)[args.start :]
+    canary = kept = None
+    if args.device == "gpu":  # GPU data of the reading process's own: must survive every case
+        import cupy
+
+        kept = np.random.default_rng(args.seed).integers(0, 2**31, 1 << 20)
+        canary = cupy.asarray(kept)
     for case in todo:
         print(json.dumps({"index": case.index, "started": True}), flush=True)
+        t0 = time.perf_counter()
         outcome, detail = runner.run(case)
+        seconds = time.perf_counter() - t0
         problem = gpu_alive() if args.device == "gpu" else None
+        if not problem and canary is not None and not np.array_equal(canary.get(), kept):
+            problem = "the reading process's GPU data changed"
         if problem:
             outcome, detail = "crash", f"GPU unusable after the case: {problem} ({detail})"
-        print(json.dumps({"index": case.index, "outcome": outcome, "detail": detail[:300]}), flush=True)
+        msg = {"index": case.index, "outcome": outcome, "detail": detail[:300], "seconds": round(seconds, 3)}
+        print(json.dumps(msg), flush=True)
         if problem:
             return
 
@@ -339,7 +350,15 @@ def summary(results: list[dict], all_cases: list[Case]) -> dict:
         for r in results
         if r["outcome"] not in OK
     ]
-    return {"cases": len(results), "counts": counts, "failures": failures}
+    timed = [r for r in results if "seconds" in r]
+    longest = max(timed, key=lambda r: r["seconds"], default=None)
+    return {
+        "cases": len(results),
+        "counts": counts,
+        "longest_read_s": longest["seconds"] if longest else None,
+        "longest_case": all_cases[longest["index"]].label() if longest else None,
+        "failures": failures,
+    }
 
 
 def main() -> None:

@@ -13,7 +13,9 @@ next requests for it get, one per request, in order:
 - ``"stall"``: nothing is sent for ``stall_s`` seconds;
 - ``"stall-body"``: half the body, then nothing for ``stall_s`` seconds, then the rest;
 - ``"redirect"``: 302 to the same file at another URL (on the server ``redirect_to`` names);
-- ``"close-after"``: the answer, then the connection closed without ``Connection: close``.
+- ``"close-after"``: the answer, then the connection closed without ``Connection: close``;
+- ``"drip"``: the body one byte every ``stall_s / 8`` seconds (each wait short, the whole long);
+- ``"gzip"``: the body gzip-compressed with ``Content-Encoding: gzip``, whatever was asked.
 
 ``requests`` logs ``(method, path, range header, authorization header)`` of every request.
 """
@@ -97,6 +99,20 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
             status = 206
         n = end - start
+        if fault == "gzip":
+            import gzip
+
+            with open(full, "rb") as f:
+                packed = gzip.compress(os.pread(f.fileno(), n, start))
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(packed)))
+            self.send_header("Content-Encoding", "gzip")
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+            self.end_headers()
+            if body:
+                self.wfile.write(packed)
+            return None
         self.send_response(status)
         self.send_header("Content-Length", str(n))
         self.send_header("Accept-Ranges", "bytes")
@@ -115,6 +131,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return None
             sent = 0
             tls = hasattr(self.connection, "cipher")  # sendfile would bypass the encryption
+            if fault == "drip":
+                for k in range(n):
+                    self.wfile.write(os.pread(f.fileno(), 1, start + k))
+                    self.wfile.flush()
+                    time.sleep(self.server.stall_s / 8)
+                return None
             if fault == "stall-body":  # half the body, then a pause as long as a stall
                 self.wfile.write(os.pread(f.fileno(), n // 2, start))
                 self.wfile.flush()

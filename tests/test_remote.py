@@ -4,6 +4,7 @@ with engine="zarr" reading the same server; the failures a network brings."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -713,3 +714,33 @@ def test_only_the_threaded_fetcher_lands_bytes_pinned(http, tmp_path):
     url = f"{http.url}/s.zarr"
     assert remote.RemoteSource(FsspecStore.from_url(url, read_only=True), "tiles", "tiles").lands_pinned
     assert not remote.RemoteSource(MemoryStore(), "tiles", "tiles").lands_pinned
+
+
+def test_a_dripping_body_is_held_to_the_deadline(http, options):
+    """One byte every 0.125 s: each wait is short, the whole answer long; the request's own
+    deadline (remote_timeout) ends it, as it does a stall."""
+    url = f"{http.url}/s.zarr"
+    options(remote_timeout=1.0, remote_retries=1, threaded_http=True)
+    http.stall_s = 1.0
+    ds = xr.open_dataset(url, engine="kvikio", device="cpu", cache=False)
+    http.faults["/tiles/c/0/0/0"] = ["drip", "drip"]
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ChunkError, match=r"tiles/c/0/0/0.*timed out 2 times"):
+            ds.tiles.compute()
+    finally:
+        http.faults.clear()
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_gzip_encoded_answer_is_inflated(http, device, options):
+    """A server that compresses bodies although asked not to (Content-Encoding: gzip)."""
+    url = f"{http.url}/s.zarr"
+    options(threaded_http=True)
+    want = xr.open_dataset(url, engine="zarr").tiles.load()
+    ds = xr.open_dataset(url, engine="kvikio", device=device, cache=False)
+    http.faults["/tiles/c/0/0/0"] = ["gzip"]
+    try:
+        xr.testing.assert_identical(ds.tiles.load().cupy.as_numpy(), want)
+    finally:
+        http.faults.clear()

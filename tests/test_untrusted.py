@@ -290,6 +290,9 @@ def _store_forms():
         "Path": lambda p: p,
         "file-url": lambda p: p.as_uri(),
         "LocalStore": lambda p: zarr.storage.LocalStore(str(p), read_only=True),
+        "local-url": lambda p: "local://" + str(p),
+        "simplecache": lambda p: "simplecache::" + p.as_uri(),
+        "FsspecStore": lambda p: zarr.storage.FsspecStore.from_url(p.as_uri(), read_only=True),
     }
 
 

@@ -17,6 +17,7 @@ import http.client
 import os
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -29,6 +30,14 @@ from ..options import get_options
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _local = threading.local()
+
+
+def _left(deadline: float, timeout: float) -> float:
+    """Seconds left before ``deadline``; TimeoutError once there are none."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"no whole answer within {timeout:g} s (remote_timeout)")
+    return left
 
 
 def _threads() -> ThreadPoolExecutor:
@@ -109,7 +118,10 @@ class HTTPFetcher:
         """The object's bytes (``[start, end)``; ``end`` None with ``start`` < 0: the last
         ``-start``), None for 404, :class:`TooLarge` for an answer of more than ``most`` bytes
         (not read); raises :class:`HTTPError` or the connection's error. ``land(n)``: the
-        buffer of ``n`` bytes a body is read into (default a new NumPy array)."""
+        buffer of ``n`` bytes a body is read into (default a new NumPy array). ``timeout``
+        bounds the whole request, body included (a server that drips bytes cannot hold it
+        longer), not only each wait for bytes."""
+        deadline = time.monotonic() + timeout
         headers = dict(self.headers)
         if start is not None and end is None:
             headers["Range"] = f"bytes={start}" if start < 0 else f"bytes={start}-"  # suffix: "bytes=-n"
@@ -120,7 +132,7 @@ class HTTPFetcher:
         while hops <= MAX_REDIRECTS:
             parts = urlsplit(url)
             scheme, host, port = parts.scheme, parts.hostname or "", parts.port
-            conn = self._connection(timeout, scheme, host, port)
+            conn = self._connection(_left(deadline, timeout), scheme, host, port)
             reused = conn.sock is not None
             try:
                 try:
@@ -146,7 +158,7 @@ class HTTPFetcher:
                         # another host: the store's own headers (credentials) stay behind
                         headers = {k: v for k, v in headers.items() if k in ("Range", "Accept-Encoding")}
                     continue
-                return self._body(resp, scheme, host, port, most, land)
+                return self._body(resp, scheme, host, port, most, land, deadline, timeout)
             except BaseException:
                 self._drop(scheme, host, port)  # a connection in an unknown state is never reused
                 raise
@@ -159,8 +171,19 @@ class HTTPFetcher:
         host: str,
         port: int | None,
         most: int | None,
-        land: Callable[[int], np.ndarray] | None = None,
+        land: Callable[[int], np.ndarray] | None,
+        deadline: float,
+        timeout: float,
     ) -> Any:
+        conn = getattr(_local, "conns", {}).get((scheme, host, port))
+
+        def wait_left() -> None:  # each wait for bytes: at most what is left of the deadline
+            left = _left(deadline, timeout)
+            if conn is not None and conn.sock is not None:
+                conn.sock.settimeout(left)
+
+        if resp.getheader("Content-Encoding", "identity").lower() in ("gzip", "x-gzip", "deflate"):
+            return self._decoded_body(resp, most, wait_left)
         if resp.status == 404:
             resp.read()
             return None
@@ -169,7 +192,17 @@ class HTTPFetcher:
             raise HTTPError(resp.status, resp.reason)
         length = resp.getheader("Content-Length")
         if length is None:  # chunked transfer: no size to read into
-            body = resp.read(None if most is None else most + 1)
+            parts, got = [], 0
+            while most is None or got <= most:
+                wait_left()
+                part = resp.read1(2**20)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+            if most is None or got <= most:
+                resp.read()  # (ends the response: its connection is reused)
+            body = b"".join(parts)
             if most is not None and len(body) > most:
                 self._drop(scheme, host, port)
                 return TooLarge(len(body))
@@ -181,13 +214,48 @@ class HTTPFetcher:
         view = memoryview(buf)
         done = 0
         while done < len(buf):
-            n = resp.readinto(view[done:])
+            wait_left()
+            # one receive at a time (readinto would wait for the whole buffer, however slowly
+            # it comes): the deadline is checked between receives
+            n = resp.fp.readinto1(view[done:]) if resp.fp is not None else 0
             if not n:
                 raise http.client.IncompleteRead(b"", len(buf) - done)
             done += n
+            resp.length -= n
+        resp.read()  # (ends the response: its connection is reused)
         if resp.will_close:
             self._drop(scheme, host, port)
         return buf
+
+    def _decoded_body(self, resp: http.client.HTTPResponse, most: int | None, wait_left) -> Any:
+        """A body a server compressed although asked not to (``Content-Encoding``): inflated,
+        at most ``most`` bytes of it (a compressed answer cannot make a read take more)."""
+        import zlib
+
+        if resp.status == 404:
+            resp.read()
+            return None
+        if resp.status not in (200, 206):
+            resp.read()
+            raise HTTPError(resp.status, resp.reason)
+        gz = resp.getheader("Content-Encoding", "").lower() in ("gzip", "x-gzip")
+        inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if gz else zlib.MAX_WBITS)
+        parts, got, cap = [], 0, (None if most is None else most + 1)
+        while True:
+            wait_left()
+            part = resp.read1(2**20)
+            if not part:
+                break
+            out = inflate.decompress(part, 0 if cap is None else cap - got + 1)
+            parts.append(out)
+            got += len(out)
+            if cap is not None and got >= cap:
+                resp.close()
+                return TooLarge(got)
+        resp.read()  # (ends the response: its connection is reused)
+        if not inflate.eof:
+            raise http.client.IncompleteRead(b"", 0)
+        return np.frombuffer(b"".join(parts), dtype=np.uint8)
 
     def _connection(
         self, timeout: float, scheme: str, host: str, port: int | None
