@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,12 +296,11 @@ def _stores(
         use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
         cache_members=cache_members,
     )
+    remote = local is None and isinstance(path, str) and "://" in path
+    if remote:
+        options["storage_options"] = patient_storage_options(path, storage_options)
     try:
-        if tree:
-            parent = "/" + (group or "").strip("/")
-            opened = ZarrStore.open_store(path, group=parent, **options)
-        else:
-            opened = {group or "/": ZarrStore.open_group(path, group=group, **options)}
+        opened = _open_retrying(path, group, tree, options, remote)
     except StoreError:
         raise
     except ImportError as exc:  # a remote protocol whose fsspec filesystem is not installed
@@ -317,6 +317,62 @@ def _stores(
             "check the path, the group and zarr_format"
         ) from exc
     return {key: KvikioStore(store, reads, containment) for key, store in opened.items()}
+
+
+def patient_storage_options(url: str, storage_options: dict | None) -> dict | None:
+    """``storage_options`` with the ``remote_timeout`` option as the deadline of each
+    metadata request, where the file system takes one and the user gave none (HTTP(S):
+    aiohttp's total timeout; S3: botocore's connect and read timeouts)."""
+    timeout = get_options().remote_timeout
+    opts = dict(storage_options or {})
+    scheme = url.split("://", 1)[0].split("::")[-1].lower()
+    if scheme in ("http", "https"):
+        client = dict(opts.get("client_kwargs") or {})
+        if "timeout" not in client:
+            try:
+                import aiohttp
+            except ImportError:
+                return storage_options
+            client["timeout"] = aiohttp.ClientTimeout(total=timeout)
+            opts["client_kwargs"] = client
+    elif scheme in ("s3", "s3a"):
+        config = dict(opts.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        opts["config_kwargs"] = config
+    else:
+        return storage_options
+    return opts
+
+
+def _transient_chain(exc: BaseException) -> bool:
+    from .engine.remote import transient
+
+    seen = 0
+    while exc is not None and seen < 8:
+        if transient(exc):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _open_retrying(path: Any, group: str | None, tree: bool, options: dict, remote: bool) -> dict:
+    """Open the group (or the tree below it); a remote store's transient failures (timeouts,
+    5xx, dropped connections) are tried again, as its chunks are (``remote_retries``, with
+    ``remote_backoff`` doubling up to ``remote_backoff_max``)."""
+    o = get_options()
+    attempts = o.remote_retries + 1 if remote else 1
+    for attempt in range(attempts):
+        try:
+            if tree:
+                parent = "/" + (group or "").strip("/")
+                return ZarrStore.open_store(path, group=parent, **options)
+            return {group or "/": ZarrStore.open_group(path, group=group, **options)}
+        except Exception as exc:
+            if attempt + 1 >= attempts or not _transient_chain(exc):
+                raise
+            time.sleep(min(o.remote_backoff_max, o.remote_backoff * 2**attempt))
+    raise AssertionError("unreachable")
 
 
 def _positive(name: str, value: Any, hint: str) -> None:

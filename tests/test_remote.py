@@ -744,3 +744,25 @@ def test_a_gzip_encoded_answer_is_inflated(http, device, options):
         xr.testing.assert_identical(ds.tiles.load().cupy.as_numpy(), want)
     finally:
         http.faults.clear()
+
+
+def test_metadata_reads_have_a_deadline_and_retries(http, options):
+    """A server that stalls on metadata fails the open within its deadline and retries; one
+    503 on metadata is retried, as a chunk's is."""
+    url = f"{http.url}/s.zarr"
+    options(remote_timeout=1.0, remote_retries=1)
+    http.stall_s = 4.0
+    http.faults["/s.zarr/zarr.json"] = ["stall", "stall"]
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StoreError, match="s.zarr"):
+            xr.open_dataset(url, engine="kvikio", device="cpu", consolidated=True)
+    finally:
+        http.faults.clear()
+    assert time.monotonic() - t0 < 8
+    http.faults["/s.zarr/zarr.json"] = ["503"]
+    try:
+        ds = xr.open_dataset(url, engine="kvikio", device="cpu", consolidated=True)
+    finally:
+        http.faults.clear()
+    xr.testing.assert_identical(ds.tiles.load(), xr.open_dataset(url, engine="zarr").tiles.load())
