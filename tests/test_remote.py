@@ -351,8 +351,55 @@ def test_a_persistent_failure_names_the_object(http, monkeypatch, options):
     assert sum(r[1].endswith("/zstd/c/0/1/2") for r in http.requests) == get_options().remote_retries + 1
 
 
-def test_a_range_the_server_ignores_is_never_used(http):
+def test_a_server_that_ignores_range_still_serves_shards(http, device, options):
+    """A server that answers a Range request with the whole object (200), as
+    ``python -m http.server`` does: the shard is read whole, within its bound, and the index
+    and the inner chunks cut from it (the threaded fetcher knows the answer is whole)."""
     url = f"{http.url}/s.zarr"
+    options(threaded_http=True)
+    want = xr.open_dataset(url, engine="zarr").sharded.load()
+    ds = xr.open_dataset(url, engine="kvikio", device=device, cache=False)
+    http.faults["/sharded/c/1/0/0"] = ["ignore-range"] * 8
+    try:
+        xr.testing.assert_identical(ds.sharded.load().cupy.as_numpy(), want)
+        xr.testing.assert_identical(
+            ds.sharded.isel(t=slice(9, 12)).load().cupy.as_numpy(), want.isel(t=slice(9, 12))
+        )
+    finally:
+        http.faults.clear()
+
+
+def test_a_coalesced_range_cut_short_names_the_chunk_it_lacks(tmp_path, options):
+    """A shard cut short in its middle: the coalesced request's error names the first inner
+    chunk the answer does not hold, not the first of the request."""
+    from loopback import HTTPStores
+
+    store = tmp_path / "s.zarr"
+    a = zarr.create_array(
+        store, name="v", shape=(64,), chunks=(8,), shards=(64,), dtype="f4", compressors=None,
+        dimension_names=["x"],
+    )  # fmt: skip
+    a[:] = np.arange(64, dtype="f4")
+    zarr.consolidate_metadata(store)
+    shard = store / "v" / "c" / "0"
+    raw = shard.read_bytes()
+    index = np.frombuffer(raw[-(8 * 16 + 4) : -4], "<u8").reshape(8, 2)
+    cut = int(index[1, 0]) + 4  # inside inner chunk 1: with the index after it, the file
+    index_copy = raw[-(8 * 16 + 4) :]  # ends inside inner chunk 5 (every chunk is 32 bytes)
+    shard.write_bytes(raw[:cut] + index_copy)  # the index still points past the file's end
+    options(threaded_http=False)
+    with HTTPStores(tmp_path) as server:
+        ds = xr.open_dataset(f"{server.url}/s.zarr", engine="kvikio", device="cpu", cache=False)
+        with pytest.raises(ChunkError) as info:
+            ds.v.load()
+    assert info.value.chunk == "c/0[inner 5]", str(info.value)  # the first it lacks, not inner 0
+
+
+def test_a_range_the_server_ignores_is_never_used(http, options):
+    """Through the store's own fetches (which cannot tell a whole answer from a wrong one):
+    a clear error, not retried."""
+    url = f"{http.url}/s.zarr"
+    options(threaded_http=False)
     ds = xr.open_dataset(url, engine="kvikio", device="cpu")
     http.faults["/sharded/c/1/0/0"] = ["ignore-range"]
     del http.requests[:]

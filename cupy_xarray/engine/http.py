@@ -87,7 +87,9 @@ def fetcher_for(store: Any) -> HTTPFetcher | None:
         return None
     options = dict(getattr(fs, "kwargs", {}) or {})
     headers = options.pop("headers", None) or {}
-    if options or getattr(fs, "client_kwargs", None) or getattr(fs, "encoded", False):
+    client = dict(getattr(fs, "client_kwargs", None) or {})
+    client.pop("timeout", None)  # the deadline the engine sets itself (it has its own)
+    if options or client or getattr(fs, "encoded", False):
         return None  # authentication, cookies, proxies ...: the store's own client knows them
     return HTTPFetcher(url, dict(headers))
 
@@ -114,11 +116,14 @@ class HTTPFetcher:
         timeout: float,
         most: int | None = None,
         land: Callable[[int], np.ndarray] | None = None,
+        whole: int | None = None,
     ) -> np.ndarray | TooLarge | None:
         """The object's bytes (``[start, end)``; ``end`` None with ``start`` < 0: the last
         ``-start``), None for 404, :class:`TooLarge` for an answer of more than ``most`` bytes
         (not read); raises :class:`HTTPError` or the connection's error. ``land(n)``: the
-        buffer of ``n`` bytes a body is read into (default a new NumPy array). ``timeout``
+        buffer of ``n`` bytes a body is read into (default a new NumPy array). ``whole``: for a
+        range, the most bytes the whole object can hold; a server that ignores ``Range`` (200
+        and the whole object) is read up to that and the range cut from it. ``timeout``
         bounds the whole request, body included (a server that drips bytes cannot hold it
         longer), not only each wait for bytes."""
         deadline = time.monotonic() + timeout
@@ -158,6 +163,13 @@ class HTTPFetcher:
                         # another host: the store's own headers (credentials) stay behind
                         headers = {k: v for k, v in headers.items() if k in ("Range", "Accept-Encoding")}
                     continue
+                if start is not None and resp.status == 200:  # Range ignored: the whole object
+                    if whole is None:
+                        return self._body(resp, scheme, host, port, most, land, deadline, timeout)
+                    body = self._body(resp, scheme, host, port, whole, None, deadline, timeout)
+                    if body is None or isinstance(body, TooLarge):
+                        return body
+                    return body[start:] if end is None else body[start:end]
                 return self._body(resp, scheme, host, port, most, land, deadline, timeout)
             except BaseException:
                 self._drop(scheme, host, port)  # a connection in an unknown state is never reused

@@ -13,7 +13,7 @@ from ..containment import file_kind
 from ..errors import ChunkError
 from .plan import ChunkPiece
 from .schedule import lands_pinned
-from .shards import EMPTY, read_shard_index, remote_shard_indexes, stored_bound
+from .shards import EMPTY, read_shard_index, remote_shard_indexes, shard_bound, stored_bound
 from .spec import ArraySpec
 from .tasks import ChunkTask
 
@@ -139,12 +139,15 @@ def fetch(
             missing.append(p)
             continue
         wanted.setdefault(shard, []).append((p, *found))
-    requests, members = [], []
+    requests, members, names = [], [], []
+    bound = shard_bound(spec)
     for shard, items in wanted.items():
         for start, end, held in coalesce([(o, o + n) for _, o, n, _ in items]):
-            requests.append(Request(spec.chunk_key(shard), start, end))
+            requests.append(Request(spec.chunk_key(shard), start, end, most=bound))
             members.append((shard, start, held))
-    blobs = source.fetch(requests, [wanted[sh][held[0]][3] for sh, _, held in members], pinned=pinned)
+            # an answer cut short names the first inner chunk it does not hold whole
+            names.append(sorted((o + n - start, key) for _, o, n, key in (wanted[shard][i] for i in held)))
+    blobs = source.fetch(requests, names, pinned=pinned)
     for (shard, start, held), blob, req in zip(members, blobs, requests):
         for i in held:
             p, offset, nbytes, key = wanted[shard][i]

@@ -215,7 +215,9 @@ class RemoteSource:
         self, requests: list[Request], chunks: list[str] | None = None, pinned: bool = False
     ) -> list[Any]:
         """The bytes of each request (a uint8 NumPy array), None where the object does not
-        exist. ``chunks``: the chunk named in each request's error (default its key).
+        exist. ``chunks``: the chunk named in each request's error (default its key); for a
+        request that holds many, ``[(end within the request, chunk), ...]`` in order of end:
+        an answer cut short names the first one it does not hold whole.
         ``pinned``: land the bytes in page-locked memory where the fetcher reads bodies into
         buffers of its own (plain HTTP(S)), for bytes that go to the GPU as they are."""
         if not requests:
@@ -282,7 +284,9 @@ class RemoteSource:
         r, chunk, land, options = job
         for attempt in range(options.remote_retries + 1):
             try:
-                data = self.http.get(self.key(r.key), r.start, r.end, options.remote_timeout, r.limit, land)
+                data = self.http.get(
+                    self.key(r.key), r.start, r.end, options.remote_timeout, r.limit, land, r.most
+                )
                 break
             except (UnsafeStoreError, ChunkError):
                 raise
@@ -295,7 +299,7 @@ class RemoteSource:
     def _judge(self, exc: BaseException, attempt: int, key: str, chunk: str, retries: int) -> bool:
         """After a failed attempt: True for a missing object; raise the ChunkError that names a
         failure not worth retrying (or the last one); return False to try again."""
-        where = dict(array=self.name, chunk=chunk, path=self.location(key))
+        where = dict(array=self.name, chunk=_named(chunk, None), path=self.location(key))
         if _denied(exc):
             raise ChunkError(
                 f"access denied ({type(exc).__name__}: {exc}); check the credentials "
@@ -324,7 +328,7 @@ class RemoteSource:
         if data is None:
             return None
         got = data.nbytes if isinstance(data, TooLarge) else len(data)
-        where = dict(array=self.name, chunk=chunk, path=self.location(r.key))
+        where = dict(array=self.name, chunk=_named(chunk, got), path=self.location(r.key))
         if r.nbytes is not None and got != r.nbytes:
             # a server that ignores Range, or an object shorter than its index says: the same
             # answer every time, so not retried
@@ -340,6 +344,18 @@ class RemoteSource:
                 **where,
             )
         return data
+
+
+def _named(chunk: Any, got: int | None) -> str:
+    """The chunk an error names: ``chunk``, or of a request's ``[(end, chunk), ...]`` the first
+    that an answer of ``got`` bytes does not hold whole (the first where ``got`` is unknown)."""
+    if isinstance(chunk, str):
+        return chunk
+    if got is not None:
+        for end, name in chunk:
+            if end > got:
+                return name
+    return chunk[0][1]
 
 
 def pinned_landing(nbytes: int) -> Any:

@@ -65,7 +65,7 @@ def remote_shard_indexes(spec: ArraySpec, shards: list[tuple[int, ...]]) -> list
     where = -nbytes, None
     if spec.shard.index_at_start:
         where = 0, nbytes
-    raws = source.fetch([Request(k, *where) for k in keys])
+    raws = source.fetch([Request(k, *where, most=shard_bound(spec)) for k in keys])
     return [
         None if raw is None else parse_index(spec, raw, None, key, source.location(key))
         for key, raw in zip(keys, raws)
@@ -76,6 +76,15 @@ def stored_bound(decoded: int) -> int:
     """The most bytes any codec the engine decodes stores a ``decoded``-byte chunk in (zstd,
     LZ4, deflate and Blosc all expand incompressible data by well under 1/16, plus headers)."""
     return decoded + decoded // 16 + 65536
+
+
+def shard_bound(spec: ArraySpec) -> int:
+    """The most bytes a shard of ``spec`` can hold: every inner chunk at its stored bound, and
+    the index (a server that ignores Range answers with the whole shard, read up to this)."""
+    layout = spec.shard
+    assert layout is not None
+    per_shard = int(np.prod(layout.chunks_per_shard(spec.chunks)))
+    return per_shard * stored_bound(spec.recipe.nbytes) + layout.index_nbytes(spec.chunks)
 
 
 def parse_index(spec: ArraySpec, raw: bytes, size: int | None, key: str, path: str) -> np.ndarray:
