@@ -629,3 +629,40 @@ def test_describe_says_where_a_gpu_read_decodes(tmp_path, layout):
     assert ("decoder process" in describe(spec, gpu)) == (layout in ("v3-zstd", "v3-gzip"))
     assert "CPU threads" not in describe(spec, gpu, "gpu")
     assert "CPU threads (decode='cpu')" in describe(spec, gpu, "cpu")
+
+
+@pytest.mark.parametrize("kind", ["zstd", "gzip"])
+@pytest.mark.parametrize("route", ["batch", "host"])
+def test_chunks_of_several_frames_or_members_read_as_zarr_reads_them(tmp_path, device, kind, route):
+    """A zstd chunk of several frames, a gzip chunk of several members: valid, read by
+    zarr-python; read the same by every route (the batched route's one-stream checks hand
+    them to the host's decoder, which checks them all). Damage in the second one is caught."""
+    import gzip as gz
+
+    from numcodecs import zstd as nz
+
+    from cupy_xarray.device import resolve_device
+    from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.schedule import Scheduler
+
+    comp = [zarr.codecs.ZstdCodec()] if kind == "zstd" else [zarr.codecs.GzipCodec()]
+    store = tmp_path / "s.zarr"
+    data = np.arange(4096, dtype="float32")
+    a = zarr.create_array(str(store), shape=(2, 4096), chunks=(1, 4096), dtype="float32", compressors=comp)
+    a[:] = np.stack([data, data[::-1]])
+    raw = data.tobytes()
+    halves = (raw[:5000], raw[5000:])
+    pack = (lambda b: nz.compress(b, 1, True)) if kind == "zstd" else gz.compress  # checksums
+    chunk = store / "c" / "0" / "0"
+    chunk.write_bytes(pack(halves[0]) + pack(halves[1]))
+    want = zarr.open_array(str(store), mode="r")[...]
+    np.testing.assert_array_equal(want[0], data)  # zarr-python reads it
+    spec = array_spec(zarr.open_array(str(store), mode="r"))
+    dev = resolve_device(device)
+    (got,) = read_arrays([(spec, (slice(None), slice(None)))], dev, scheduler=Scheduler(force=route))
+    np.testing.assert_array_equal(host(got), want)
+    damaged = bytearray(pack(halves[0]) + pack(halves[1]))
+    damaged[-6] ^= 0xFF  # inside the second frame's / member's checksum or body
+    chunk.write_bytes(bytes(damaged))
+    with pytest.raises(ChunkError, match=r"c/0/0"):
+        read_arrays([(spec, (slice(None), slice(None)))], dev, scheduler=Scheduler(force=route))

@@ -22,16 +22,26 @@ from .base import Rates, StreamDecoder, be32, le32
 
 def inflate(buf: memoryview, wbits: int, expected: int, what: str) -> bytes:
     """Inflate a zlib (15) or gzip (31) stream, stopping past ``expected`` bytes; zlib checks
-    the stream's Adler-32 or CRC-32 and length at its end."""
-    d = zlib.decompressobj(wbits)
-    out = d.decompress(buf, expected + 1)
-    if len(out) > expected:
-        raise ValueError(f"{what} stream inflates to more than the {expected} bytes of a chunk")
-    if not d.eof:
-        raise ValueError(f"{what} stream ends before its end marker (truncated)")
-    if d.unused_data:
-        raise ValueError(f"{len(d.unused_data)} bytes follow the end of the {what} stream")
-    return out
+    the stream's Adler-32 or CRC-32 and length at its end. A gzip chunk may hold several
+    members one after another (as gzip writes appended files, and zarr-python reads them):
+    each is inflated and checked in turn."""
+    parts, got = [], 0
+    while True:
+        d = zlib.decompressobj(wbits)
+        out = d.decompress(buf, expected - got + 1)
+        got += len(out)
+        parts.append(out)
+        if got > expected:
+            raise ValueError(f"{what} stream inflates to more than the {expected} bytes of a chunk")
+        if not d.eof:
+            raise ValueError(f"{what} stream ends before its end marker (truncated)")
+        rest = d.unused_data
+        if not rest:
+            break
+        if wbits != 31 or rest[:3] != b"\x1f\x8b\x08":
+            raise ValueError(f"{len(rest)} bytes follow the end of the {what} stream")
+        buf = memoryview(rest)  # the next gzip member
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _Deflate(StreamDecoder):

@@ -75,6 +75,29 @@ def frame_lengths(xp: Any, buffer: Any, offs: np.ndarray, lens: np.ndarray) -> n
     return out.get()
 
 
+def _decode_frames(src: np.ndarray, expected: int, out: np.ndarray) -> np.ndarray:
+    """Decode a chunk of several zstd frames into ``out``, each frame in turn (each must
+    declare its content size, and together they must make the chunk's)."""
+    from numcodecs import zstd
+
+    pos = done = 0
+    while pos < len(src):
+        n = frame_length(src[pos:])
+        head = bytes(memoryview(np.ascontiguousarray(src[pos : pos + 18])).cast("B"))
+        size = content_size(head) if n > 0 else None
+        if n <= 0 or size is None or done + size > expected:
+            raise ValueError(
+                f"zstd frame at byte {pos} of the chunk is malformed, declares no size, or runs "
+                f"past the {expected} bytes of the chunk"
+            )
+        frame = memoryview(np.ascontiguousarray(src[pos : pos + n])).cast("B")
+        zstd.decompress(frame, out[done : done + size])
+        pos, done = pos + n, done + size
+    if done != expected:
+        raise ValueError(f"zstd frames hold {done} bytes, expected {expected}")
+    return out
+
+
 class Zstd(StreamDecoder):
     name = "zstd"
     unit = "frame"
@@ -102,11 +125,14 @@ class Zstd(StreamDecoder):
         from numcodecs import zstd
 
         head = bytes(memoryview(np.ascontiguousarray(src[:18])).cast("B"))
+        out = into if into is not None else np.empty(expected, dtype=np.uint8)
         if len(head) >= 6 and head[:4] == MAGIC:
             declared = content_size(head)
             if declared is not None and declared != expected:
+                first = frame_length(src)
+                if 0 < first < len(src):  # frames one after another, as zstd writes streams
+                    return _decode_frames(src, expected, out)
                 raise ValueError(f"zstd frame declares {declared} bytes, expected {expected}")
-        out = into if into is not None else np.empty(expected, dtype=np.uint8)
         # libzstd checks the content checksum; ``out`` bounds the decoded size
         zstd.decompress(memoryview(np.ascontiguousarray(src)).cast("B"), out)
         return out
