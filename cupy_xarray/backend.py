@@ -293,7 +293,10 @@ def _stores(
         consolidate_on_close=False,
         storage_options=storage_options,
         zarr_format=zarr_format,
-        use_zarr_fill_value_as_mask=use_zarr_fill_value_as_mask,
+        # True is what xarray's zarr engine gives (it passes None whatever is asked): a v3
+        # array's fill_value is not a missing-value marker (a to_zarr store's is 0), and masking
+        # it would turn real zeros into NaN; False still leaves a v2 fill value unmasked
+        use_zarr_fill_value_as_mask=None if use_zarr_fill_value_as_mask else use_zarr_fill_value_as_mask,
         cache_members=cache_members,
     )
     remote = local is None and isinstance(path, str) and "://" in path

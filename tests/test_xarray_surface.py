@@ -389,3 +389,45 @@ def test_opening_in_threads_leaves_the_warning_filters_as_they_were(tmp_path):
     errors = run_in_threads(lambda k: xr.open_dataset(store, engine="kvikio", device="cpu").load(), 8)
     assert not errors, errors
     assert warnings.filters == before
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_use_zarr_fill_value_as_mask_true_reads_as_the_zarr_engine(tmp_path, device, fmt):
+    """True on a store to_zarr wrote: the values engine='zarr' gives (real zeros and a first
+    time stamp of 0 stay as they are), indexes and encoding included."""
+    import pandas as pd
+
+    store = tmp_path / "s.zarr"
+    values = np.zeros((4, 3), "f4")
+    values[1:] = np.arange(9, dtype="f4").reshape(3, 3)
+    time = pd.to_datetime(["1970-01-01", "2000-01-01", "2000-01-02", "2000-01-03"])
+    ds = xr.Dataset({"v": (("time", "x"), values)}, coords={"time": time, "x": [0, 1, 2]})
+    ds.to_zarr(store, zarr_format=fmt, consolidated=True)
+    kw = dict(use_zarr_fill_value_as_mask=True, consolidated=True)
+    want = xr.open_dataset(store, engine="zarr", **kw).load()
+    got = xr.open_dataset(store, engine="kvikio", device=device, **kw).load()
+    xr.testing.assert_identical(got.cupy.as_numpy(), want)
+    fills = [got.v.encoding.get("_FillValue"), want.v.encoding.get("_FillValue")]
+    assert np.array_equal(np.array(fills[:1], "f8"), np.array(fills[1:], "f8"), equal_nan=True), fills
+    assert int((got.cupy.as_numpy().v == 0).sum()) == int((want.v == 0).sum()) >= 4
+
+
+@pytest.mark.parametrize("fill", [None, -1])
+def test_v2_big_endian_unsigned_reads_as_the_zarr_engine(tmp_path, device, fill):
+    """A v2 big-endian signed integer variable with CF's ``_Unsigned`` (and a ``_FillValue``):
+    the values, dtype and encoding engine='zarr' gives."""
+    store = tmp_path / "u.zarr"
+    g = zarr.open_group(store, mode="w", zarr_format=2)
+    a = g.create_array("v", shape=(4,), chunks=(4,), dtype=">i2", compressors=None)
+    a[:] = np.array([1, -1, 3, -2], ">i2")
+    attrs = {"_ARRAY_DIMENSIONS": ["x"], "_Unsigned": "true"}
+    if fill is not None:
+        attrs["_FillValue"] = fill
+    a.attrs.update(attrs)
+    zarr.consolidate_metadata(store)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = xr.open_dataset(store, engine="zarr").load()
+        got = xr.open_dataset(store, engine="kvikio", device=device).load()
+    xr.testing.assert_identical(got.cupy.as_numpy(), want)
+    assert got.v.dtype == want.v.dtype
