@@ -15,6 +15,7 @@ kvikio's POSIX compatibility mode with pinned bounce buffers elsewhere).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -56,8 +57,17 @@ def open_chunk(path: str, containment: Any, array: str, key: str) -> tuple[int, 
     is checked). Raises ChunkError naming the chunk, FileNotFoundError where there is none."""
     from ..containment import file_kind
 
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    nofollow = getattr(os, "O_NOFOLLOW", 0) if containment is not None else 0
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fd = os.open(path, flags | nofollow)
+        except OSError as exc:
+            if not nofollow or exc.errno != errno.ELOOP:
+                raise
+            # the chunk is a link: followed only once its target is known to be inside
+            containment.check_path(path, key, "chunk")
+            fd = os.open(path, flags)
     except FileNotFoundError:
         raise
     except OSError as exc:
