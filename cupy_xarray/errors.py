@@ -4,7 +4,9 @@ from __future__ import annotations
 
 #: what to install for GPU reads (named by every error about a missing GPU package)
 EXTRA_HINT = (
-    "install the GPU extra for your CUDA major version: pip install 'cupy-xarray[cuda13]' (or [cuda12])"
+    "install this package's GPU extra for your CUDA major version where you installed it from "
+    "(in its source folder: pip install '.[cuda13]', or '.[cuda12]'), or its three packages "
+    "directly: pip install cupy-cuda13x kvikio-cu13 nvidia-nvcomp-cu13 (cu12 for CUDA 12)"
 )
 
 

@@ -16,6 +16,28 @@ from .engine import read_arrays
 from .errors import StoreError
 
 _PROGRESS_BYTES = 2**30
+#: xarray's own open_dataset keywords a read may pass on, beside the engine's table
+_XARRAY_KEYWORDS = ("cache", "inline_array", "decode_cf", "chunked_array_type", "from_array_kwargs")
+
+
+#: the loaders' own keywords
+_OWN = ("group", "variables", "device", "threads", "progress", "batch_bytes", "consolidated",
+        "zarr_format", "chunks", "allow_external_links", "decode")  # fmt: skip
+
+
+def _check_keywords(name: str, given: dict, own: tuple[str, ...]) -> None:
+    """Refuse a keyword neither ``name`` nor ``xr.open_dataset`` knows (a typo such as
+    ``devise=`` would otherwise pass unnoticed), suggesting the nearest one."""
+    import difflib
+
+    from .backend import DECODING, OPENING
+
+    known = (*own, *DECODING, *OPENING, *_XARRAY_KEYWORDS)
+    for key in given:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise TypeError(f"{name}() got an unexpected keyword argument {key!r}{hint}")
 
 
 def read_zarr_gds(
@@ -83,6 +105,7 @@ def read_zarr_gds(
     xarray.Dataset
         Data variables as cupy arrays (for ``device="gpu"``); coordinates on the host.
     """
+    _check_keywords("read_zarr_gds", decode_kwargs, _OWN)
     dev = resolve_device(device, threads)
     options = dict(
         device=device,
@@ -156,6 +179,7 @@ def read_datatree_gds(
     The keywords are :func:`read_zarr_gds`'s; the result is what
     ``xr.open_datatree(store, engine="kvikio", ...).load()`` gives, read faster.
     """
+    _check_keywords("read_datatree_gds", decode_kwargs, _OWN)
     dev = resolve_device(device, threads)
     tree = xr.open_datatree(
         store,

@@ -230,3 +230,27 @@ def test_read_zarr_gds_reads_all_variables_in_one_engine_call(tmp_path, monkeypa
     monkeypatch.setattr(loader, "read_arrays", spy)
     loader.read_zarr_gds(tmp_path / "ds.zarr", device="cpu")
     assert calls == [5]
+
+
+def test_a_typo_in_a_loader_keyword_is_named_with_the_nearest(tmp_path):
+    from cupy_xarray.sample import write_sample
+
+    store = write_sample(tmp_path / "s.zarr")
+    for fn in (cupy_xarray.read_zarr_gds, cupy_xarray.read_datatree_gds):
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'devise'; did you mean 'device'"):
+            fn(store, devise="cpu")
+
+
+@pytest.mark.parametrize("device", [None, 0, False, 1.5])
+def test_a_device_that_is_not_one_fails_at_open(device):
+    from cupy_xarray.sample import sample_path
+
+    with pytest.raises(TypeError, match="device must be 'gpu', 'cpu' or a zarr BufferPrototype"):
+        xr.open_dataset(sample_path(), engine="kvikio", device=device)
+
+
+def test_the_install_hint_names_this_package_not_an_index_name():
+    from cupy_xarray.errors import EXTRA_HINT
+
+    assert "'.[cuda13]'" in EXTRA_HINT and "cupy-cuda13x kvikio-cu13 nvidia-nvcomp-cu13" in EXTRA_HINT
+    assert "cupy-xarray[" not in EXTRA_HINT

@@ -161,7 +161,8 @@ class GPUCodecs:
             nvcomp = None
             log.warning(
                 "nvidia-nvcomp is not installed: compressed chunks are decoded on the CPU "
-                "(install cupy-xarray[cuda13] or [cuda12] for GPU decoding)"
+                "(install nvidia-nvcomp-cu13, or -cu12, or this package's '.[cuda13]' extra, "
+                "for GPU decoding)"
             )
         self._nvcomp = nvcomp
 
