@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return demo(args.device)
     except NoGPUError as exc:  # --device gpu on a machine without one: say it in one line
-        print(f"cupy-xarray demo: {exc}", file=sys.stderr)
+        from .device import CPU_HINT
+
+        why = str(exc).replace(CPU_HINT, "run it with --device cpu, or without --device")
+        print(f"cupy-xarray demo: {why}", file=sys.stderr)
         return 2
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from .device import is_cupy_array, require_gpu
+from .device import CONVERT_HINT, is_cupy_array, require_gpu
 
 
 def _is_dask(data: Any) -> bool:
@@ -32,7 +32,7 @@ def _data_is_cupy(var: xr.Variable) -> bool:
 
 
 def _to_cupy(data: Any) -> Any:
-    cupy = require_gpu()
+    cupy = require_gpu(CONVERT_HINT)
     if _is_dask(data):
         meta = cupy.empty((0,) * data.ndim, dtype=data.dtype)
         return data.map_blocks(cupy.asarray, dtype=data.dtype, meta=meta)
@@ -133,7 +133,7 @@ class CupyDatasetAccessor:
 
     def as_cupy(self, coords: bool = False) -> xr.Dataset:
         """A new Dataset with every data variable in GPU memory (see DataArray.cupy.as_cupy)."""
-        require_gpu()
+        require_gpu(CONVERT_HINT)
         return self._convert(lambda da: da.cupy.as_cupy(coords=coords))
 
     def as_numpy(self) -> xr.Dataset:
@@ -160,7 +160,7 @@ class CupyDataTreeAccessor:
 
     def as_cupy(self, coords: bool = False) -> xr.DataTree:
         """A new DataTree with every node's data variables in GPU memory."""
-        require_gpu()
+        require_gpu(CONVERT_HINT)
         return self._tree.map_over_datasets(lambda ds: ds.cupy.as_cupy(coords=coords))
 
     def as_numpy(self) -> xr.DataTree:

@@ -19,7 +19,7 @@ import numpy as np
 from .errors import EXTRA_HINT, MissingGPUPackageError, NoGPUError
 from .options import get_options
 
-_CPU_HINT = "pass device='cpu' (or use .cupy.as_numpy()) to stay on the CPU"
+CPU_HINT = "pass device='cpu' (or use .cupy.as_numpy()) to stay on the CPU"
 
 
 def default_threads() -> int:
@@ -76,11 +76,16 @@ def start_gpu(cupy: Any) -> None:
     threading.Thread(target=run, name="cupy-xarray-cuda-start", daemon=True).start()
 
 
-def require_gpu():
-    """Return the cupy module, or raise a clear error when no GPU can be used."""
+#: what to do instead, for moves to the GPU that have no ``device`` to pass
+CONVERT_HINT = "keep the data on the host here (NumPy: .cupy.as_numpy(), or leave it as it is)"
+
+
+def require_gpu(hint: str = CPU_HINT):
+    """Return the cupy module, or raise a clear error (ending in ``hint``, what to do
+    instead) when no GPU can be used."""
     cupy = import_cupy()
     if not gpu_available():
-        raise NoGPUError(f"no CUDA device is available on this machine; {_CPU_HINT}")
+        raise NoGPUError(f"no CUDA device is available on this machine; {hint}")
     return cupy
 
 

@@ -431,3 +431,17 @@ def test_v2_big_endian_unsigned_reads_as_the_zarr_engine(tmp_path, device, fill)
         got = xr.open_dataset(store, engine="kvikio", device=device).load()
     xr.testing.assert_identical(got.cupy.as_numpy(), want)
     assert got.v.dtype == want.v.dtype
+
+
+def test_no_gpu_advice_fits_where_it_is_given(monkeypatch):
+    """A move to the GPU has no device= to pass: its advice is to stay on the host; a read's
+    is device='cpu'."""
+    from cupy_xarray import device as dev
+
+    monkeypatch.setattr(dev, "import_cupy", lambda: object())
+    monkeypatch.setattr(dev, "gpu_available", lambda: False)
+    with pytest.raises(NoGPUError) as moved:
+        _ds().cupy.as_cupy()
+    assert "device=" not in str(moved.value) and "as_numpy" in str(moved.value)
+    with pytest.raises(NoGPUError, match="pass device='cpu'"):
+        dev.require_gpu()
