@@ -315,11 +315,57 @@ def _stores(
         ) from exc
     except Exception as exc:
         where = f"group {group!r} of " if group else ""
+        what = _what_is_there(local, group, zarr_format) if local is not None else None
+        if what is not None:
+            raise StoreError(f"cannot open {where}{path!r}: {what}") from exc
         raise StoreError(
             f"cannot open {where}{path!r} as a Zarr store ({type(exc).__name__}: {exc}); "
             "check the path, the group and zarr_format"
         ) from exc
     return {key: KvikioStore(store, reads, containment) for key, store in opened.items()}
+
+
+def _what_is_there(local: str, group: str | None, zarr_format: int | None) -> str | None:
+    """What a local path that did not open as a Zarr group is, and what to do (None: a Zarr
+    group whose failure is its own)."""
+    import json
+
+    path = os.path.join(local, group.strip("/")) if group and group.strip("/") else local
+    reads = "engine='kvikio' reads Zarr stores (directories)"
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if head.startswith(b"\x89HDF"):
+            return f"it is an HDF5 / NetCDF-4 file; {reads}: open it with engine='h5netcdf' or 'netcdf4'"
+        if head.startswith(b"CDF"):
+            return f"it is a NetCDF-3 file; {reads}: open it with engine='scipy' or 'netcdf4'"
+        return f"it is a file, not a directory; {reads}"
+    if not os.path.isdir(path):
+        return None
+    names = set(os.listdir(path))
+    if not names:
+        return f"it is an empty directory; {reads}"
+    v3 = "zarr.json" in names
+    node = None
+    if v3:
+        try:
+            with open(os.path.join(path, "zarr.json"), "rb") as f:
+                node = json.loads(f.read(2**20)).get("node_type")
+        except (OSError, ValueError, AttributeError):
+            node = None
+    if ".zarray" in names or node == "array":
+        parent, name = os.path.split(path.rstrip(os.sep))
+        return (
+            f"it is a Zarr array, not a group: open its group {parent!r} and take the variable "
+            f"{name!r} (xr.open_dataset({parent!r}, engine='kvikio')[{name!r}])"
+        )
+    if zarr_format == 2 and v3 and ".zgroup" not in names:
+        return "it is a Zarr v3 store (zarr.json), opened with zarr_format=2: pass 3 or leave it out"
+    if zarr_format == 3 and not v3 and ".zgroup" in names:
+        return "it is a Zarr v2 store (.zgroup), opened with zarr_format=3: pass 2 or leave it out"
+    if not v3 and not names & {".zgroup", ".zmetadata"}:
+        return f"it is a directory with no Zarr metadata (zarr.json, .zgroup or .zarray); {reads}"
+    return None
 
 
 def patient_storage_options(url: str, storage_options: dict | None) -> dict | None:

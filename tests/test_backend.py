@@ -254,3 +254,33 @@ def test_the_install_hint_names_this_package_not_an_index_name():
 
     assert "'.[cuda13]'" in EXTRA_HINT and "cupy-cuda13x kvikio-cu13 nvidia-nvcomp-cu13" in EXTRA_HINT
     assert "cupy-xarray[" not in EXTRA_HINT
+
+
+def test_what_is_not_a_zarr_group_is_named(tmp_path):
+    """A file, a NetCDF file, an empty or foreign directory, an array, the wrong zarr_format:
+    the message says what the path is and what to do, not "check the path"."""
+    from cupy_xarray.errors import StoreError
+
+    (tmp_path / "t.txt").write_text("hello")
+    (tmp_path / "n3.nc").write_bytes(b"CDF\x01" + bytes(28))
+    (tmp_path / "n4.nc").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(24))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "f").write_text("x")
+    ds = xr.Dataset({"a": ("x", np.arange(3.0))})
+    ds.to_zarr(tmp_path / "s3.zarr", zarr_format=3)
+    ds.to_zarr(tmp_path / "s2.zarr", zarr_format=2)
+    cases = [
+        ("t.txt", {}, "a file, not a directory"),
+        ("n3.nc", {}, "NetCDF-3 file.*engine='scipy'"),
+        ("n4.nc", {}, "NetCDF-4 file.*engine='h5netcdf'"),
+        ("empty", {}, "an empty directory"),
+        ("other", {}, "no Zarr metadata"),
+        ("s3.zarr/a", {}, r"a Zarr array, not a group: open its group .*s3\.zarr"),
+        ("s2.zarr/a", {}, r"a Zarr array, not a group"),
+        ("s3.zarr", {"zarr_format": 2}, "Zarr v3 store.*zarr_format=2"),
+        ("s2.zarr", {"zarr_format": 3}, "Zarr v2 store.*zarr_format=3"),
+    ]
+    for name, kw, says in cases:
+        with pytest.raises(StoreError, match=says):
+            xr.open_dataset(tmp_path / name, engine="kvikio", device="cpu", **kw)
