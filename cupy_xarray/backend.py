@@ -307,7 +307,11 @@ def _stores(
     except StoreError:
         raise
     except ImportError as exc:  # a remote protocol whose fsspec filesystem is not installed
-        raise StoreError(f"cannot open {path!r}: {exc} (remote stores open through fsspec)") from exc
+        raise StoreError(
+            f"cannot open {path!r}: {exc} (remote stores open through fsspec: install this package's "
+            "'.[remote]' extra from its source folder, or fsspec with the protocol's file system, "
+            "such as aiohttp for https:// or s3fs for s3://)"
+        ) from exc
     except PermissionError as exc:
         raise StoreError(
             f"cannot open {path!r}: access denied ({exc}); check the credentials (storage_options=, or "

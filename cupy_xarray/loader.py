@@ -119,6 +119,13 @@ def read_zarr_gds(
         **decode_kwargs,
     )
     if chunks is not None:
+        try:
+            import dask.array  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(
+                "chunks= makes dask arrays, and dask is not installed: install this package's "
+                "'.[dask]' extra from its source folder, or dask[array] (and distributed)"
+            ) from exc
         if progress:
             raise ValueError(
                 "progress=True shows an eager read's progress; with chunks= nothing is read until "
