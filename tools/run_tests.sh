@@ -15,6 +15,7 @@ for v in 3.11 3.12; do
 done
 [ ${#pythons[@]} -gt 0 ] || { echo "no Python 3.11 or 3.12 found" >&2; exit 1; }
 status=0
+summary=()
 for py in "${pythons[@]}"; do
   venv=$(mktemp -d /tmp/cupy-xarray-venv.XXXXXX)
   echo "== $("$py" --version), in a fresh virtual environment (removed afterwards)"
@@ -24,8 +25,13 @@ for py in "${pythons[@]}"; do
   "$venv/bin/python" -c "import zarr, xarray; print('zarr', zarr.__version__, 'xarray', xarray.__version__)"
   "$venv/bin/python" -m ruff check cupy_xarray tests benchmarks || status=1
   set +e
-  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests
-  rc=$?
+  log=$(mktemp)
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  gpu=$("$venv/bin/python" -m pytest -q -p no:cacheprovider -m gpu --collect-only tests 2>/dev/null | tail -1)
+  g=${gpu%% *}
+  summary+=("$("$py" --version): $(grep -E '(passed|failed)' "$log" | tail -1 | tr -d '=') (tests marked gpu: ${g%/*} of ${g#*/})")
+  rm -f "$log"
   set -e
   # exit code 5 (no tests collected) is a failure too
   [ $rc -eq 0 ] || { echo "pytest exited $rc on $py"; status=1; }
@@ -37,4 +43,8 @@ for py in "${pythons[@]}"; do
   fi
   rm -rf "$venv"
 done
+echo "== summary"
+printf '%s\n' "${summary[@]}"
+echo "(tests marked gpu skip where no CUDA device is available: python -m pytest -m gpu tests on a GPU machine runs them)"
+[ $status -eq 0 ] && echo "all green" || echo "FAILED: see above"
 exit $status
