@@ -276,9 +276,7 @@ def _plot_patterns() -> None:
     rows, meta = _benchmark_run(HERE / "benchmarks-patterns.json")
     paths = ["engine auto", "engine decode=gpu", "zarr GPU mode", "zarrs + asarray", "tensorstore + asarray",
              "dask chunks={}", "dask 256MiB"]  # fmt: skip
-    title = (
-        f"Full loads by codec and chunk layout, {meta['hardware'].split(',')[0]}, {meta['date']}"
-    )
+    title = f"Full loads by codec and chunk layout, {meta['hardware'].split(',')[0]}, {meta['date']}"
     labels = [r["store"].replace(" ", "\n", 1) for r in rows]
     _bar_plot(rows, paths, labels, title, "read-patterns.png")
 

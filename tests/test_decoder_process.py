@@ -14,6 +14,7 @@ import xarray as xr
 import zarr
 from conftest import host
 
+from cupy_xarray import record_reads
 from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import Scheduler, array_spec, read_arrays
 from cupy_xarray.engine.decoders.base import DecodeFailure
@@ -99,9 +100,12 @@ def test_the_engine_reads_through_the_process_and_again_on_cpu_threads(tmp_path,
     for fault in ("die", "stall"):  # the batch is decoded again on CPU threads: the same values
         lost = procs.lost
         procs.fail_next(fault)
-        (got,) = read_arrays([(spec, sel)], dev, scheduler=Scheduler(force="batch"))
+        with record_reads() as reports:
+            (got,) = read_arrays([(spec, sel)], dev, scheduler=Scheduler(force="batch"))
         np.testing.assert_array_equal(got, arr[sel])
         assert procs.lost == lost + 1
+        (report,) = reports  # and the read's report says so
+        assert any("decoded again on CPU threads" in n for n in report.notes), str(report)
     want = xr.open_dataset(path, engine="zarr").load()  # the default route of a CPU read too
     xr.testing.assert_identical(xr.open_dataset(path, engine="kvikio", device="cpu").load(), want)
 

@@ -29,7 +29,7 @@ from .fallback import check_files, is_oom, zarr_read
 from .locate import locate
 from .place import prepare
 from .plan import normalize_selection, output_shape, plan_chunks
-from .read import RUNNING, Read, check_memory
+from .read import RUNNING, Read, check_memory, reporting
 from .schedule import Scheduler, fixed_route, isolable, stream_kind
 from .spec import ArraySpec
 from .waves import execute_waves, wave_bytes
@@ -133,7 +133,7 @@ def _read(read: Read) -> list[Any]:
     if isinstance(device, Device):
         check_memory(read.requests, device, read.options.min_batch_bytes, read.options)
     try:
-        with RUNNING.running(read.clock):
+        with RUNNING.running(read.clock), reporting(read.report):
             while True:
                 try:
                     return _attempt(read)
