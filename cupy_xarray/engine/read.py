@@ -81,25 +81,6 @@ class ReadReport:
 
 
 _recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_reports", default=None)
-_reading: contextvars.ContextVar[ReadReport | None] = contextvars.ContextVar("cupy_xarray_read", default=None)
-
-
-@contextlib.contextmanager
-def reporting(report: ReadReport):
-    """Make ``report`` the one :func:`note` adds to, for the code inside the block."""
-    token = _reading.set(report)
-    try:
-        yield
-    finally:
-        _reading.reset(token)
-
-
-def note(text: str) -> None:
-    """Add ``text`` to the notes of the read running in this context (if any): what it had
-    to do differently (a decoder process lost and its batch decoded again on CPU threads)."""
-    report = _reading.get()
-    if report is not None and text not in report.notes:
-        report.notes.append(text)
 
 
 @contextlib.contextmanager

@@ -27,9 +27,10 @@ from .decoders import decode_choice
 from .execute import execute
 from .fallback import check_files, is_oom, zarr_read
 from .locate import locate
+from .notes import reporting
 from .place import prepare
 from .plan import normalize_selection, output_shape, plan_chunks
-from .read import RUNNING, Read, check_memory, reporting
+from .read import RUNNING, Read, check_memory
 from .schedule import Scheduler, fixed_route, isolable, stream_kind
 from .spec import ArraySpec
 from .waves import execute_waves, wave_bytes

@@ -69,7 +69,7 @@ def _in_decoder_process(
     try:
         outs, owner = decode_batch(algo, srcs, expected, into, on_device, seconds)
     except DecoderLost as exc:
-        from ..read import note
+        from ..notes import note
 
         log.warning("%s; decoding its batch of %d %s streams again on CPU threads", exc, len(srcs), algo)
         note(f"{exc}; its batch of {len(srcs)} {algo} streams was decoded again on CPU threads")
