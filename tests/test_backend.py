@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 import zarr
-from conftest import expected_type, host, module_of, run_in_threads
+from conftest import HAS_GPU, expected_type, host, module_of, run_in_threads
 
 import cupy_xarray  # noqa: F401
 from cupy_xarray.backend import KvikioBackendArray
@@ -284,3 +284,16 @@ def test_what_is_not_a_zarr_group_is_named(tmp_path):
     for name, kw, says in cases:
         with pytest.raises(StoreError, match=says):
             xr.open_dataset(tmp_path / name, engine="kvikio", device="cpu", **kw)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the error where no GPU can be used")
+def test_a_gpu_prototype_without_a_gpu_blames_the_machine_not_the_data():
+    from zarr.core.buffer import gpu
+
+    from cupy_xarray.errors import NoGPUError
+    from cupy_xarray.sample import sample_path
+
+    ds = xr.open_dataset(sample_path(), engine="kvikio", device=gpu.buffer_prototype)
+    with pytest.raises(NoGPUError) as info:
+        ds.load()
+    assert "corrupt" not in str(info.value)

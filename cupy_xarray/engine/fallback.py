@@ -80,6 +80,8 @@ def zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevic
     if 0 in shape:  # zarr-python refuses empty integer selections; there is nothing to read
         return empty_on(device, shape, spec.dtype)
     sel = tuple(s.tolist() if isinstance(s, np.ndarray) else s for s in selection)
+    if isinstance(device, PrototypeDevice):
+        _check_prototype(device)
     try:
         if isinstance(device, PrototypeDevice):
             return spec.zarr_array.get_orthogonal_selection(sel, prototype=buffer_prototype(device))
@@ -94,6 +96,16 @@ def zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevic
     if result.dtype.byteorder not in ("|", "="):  # big-endian datetimes and the like: native order out
         return result.astype(result.dtype.newbyteorder("="))
     return result
+
+
+def _check_prototype(device: PrototypeDevice) -> None:
+    """A GPU ``BufferPrototype`` needs cupy and a GPU: say so, rather than let zarr-python's
+    failure read as a corrupt chunk."""
+    if not getattr(device.prototype.nd_buffer, "__module__", "").endswith(".gpu"):
+        return
+    from ..device import require_gpu
+
+    require_gpu("pass a CPU prototype (zarr.core.buffer.default_buffer_prototype()) or device='cpu'")
 
 
 def _zarr_chunk_error(spec: ArraySpec, selection: tuple, exc: Exception) -> ChunkError:
