@@ -283,7 +283,9 @@ def _child(args) -> None:
             return
 
 
-def campaign(count: int, seed: int, device: str, timeout: float = 60.0, log=None) -> list[dict]:
+def campaign(
+    count: int, seed: int, device: str, timeout: float = 60.0, log=None, deadline: float | None = None
+) -> list[dict]:
     """Run ``count`` cases in child processes; one result per case, in order. ``log``: a file
     that gets every case that is not OK as it happens, and the children's stderr."""
     import select
@@ -299,7 +301,8 @@ def campaign(count: int, seed: int, device: str, timeout: float = 60.0, log=None
             log.write(f"{labels[msg['index']].label()}: {msg['outcome']}: {msg['detail']}\n")
             log.flush()
 
-    while start < count:
+    ends = None if deadline is None else time.monotonic() + deadline
+    while start < count and (ends is None or time.monotonic() < ends):
         cmd = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--child", "--device", device]
         cmd += ["--cases", str(count), "--seed", str(seed), "--start", str(start)]
         err = log if log is not None else subprocess.DEVNULL
@@ -307,6 +310,11 @@ def campaign(count: int, seed: int, device: str, timeout: float = 60.0, log=None
         fd = proc.stdout.fileno()
         current, running, buf, last = start, None, b"", time.monotonic()
         while True:
+            if ends is not None and time.monotonic() > ends:
+                proc.kill()  # out of time: the cases finished so far are the campaign
+                proc.wait()
+                current = count
+                break
             ready, _, _ = select.select([fd], [], [], 0.1)
             chunk = os.read(fd, 1 << 16) if ready else b""
             if chunk:
@@ -371,13 +379,14 @@ def main() -> None:
     p.add_argument("--child", action="store_true")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--log", help="append failures (as they happen) and the children's stderr here")
+    p.add_argument("--deadline", type=float, help="start no case after this many seconds; report those done")
     args = p.parse_args()
     if args.child:
         _child(args)
         return
     t0 = time.perf_counter()
     log = open(args.log, "a") if args.log else None
-    results = campaign(args.cases, args.seed, args.device, args.timeout, log)
+    results = campaign(args.cases, args.seed, args.device, args.timeout, log, args.deadline)
     report = summary(results, cases(args.cases, args.seed))
     report.update(device=args.device, seed=args.seed, seconds=round(time.perf_counter() - t0, 1))
     print(json.dumps({k: v for k, v in report.items() if k != "failures"}))
@@ -386,7 +395,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"report": report, "results": results}, f, indent=1)
-    sys.exit(1 if report["failures"] or report["cases"] != args.cases else 0)
+    sys.exit(1 if report["failures"] or (report["cases"] != args.cases and args.deadline is None) else 0)
 
 
 if __name__ == "__main__":
