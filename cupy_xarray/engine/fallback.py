@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 
 import numpy as np
 
-from ..containment import file_kind
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkError
+from .locate import check_chunk_file
 from .plan import output_shape, plan_chunks
-from .shards import stored_bound
 from .spec import ArraySpec
 
 
@@ -43,9 +41,9 @@ def check_files(spec: ArraySpec, selection: tuple) -> None:
         if c is not None:
             c.check_tree(spec.directory, spec.name)
         return
-    most = None  # a bound on the file's size: numbers, one chunk per file
+    decoded = None  # what bounds a file's size: numbers, one chunk per file
     if spec.dtype.kind in "biufcmM" and not getattr(spec.zarr_array, "shards", None):
-        most = stored_bound(math.prod(grid) * spec.dtype.itemsize)
+        decoded = math.prod(grid) * spec.dtype.itemsize
     for coords in {p.coords for p in plan_chunks(selection, spec.shape, grid)}:
         key = spec.chunk_key(coords)
         path = os.path.join(spec.directory, key)
@@ -53,23 +51,7 @@ def check_files(spec: ArraySpec, selection: tuple) -> None:
             st = spec.stat_file(path, key)
         except FileNotFoundError:
             continue
-        if stat.S_ISDIR(st.st_mode):
-            raise ChunkError("chunk path is a directory, not a file", array=spec.name, chunk=key, path=path)
-        if not stat.S_ISREG(st.st_mode):
-            raise ChunkError(
-                f"chunk path is {file_kind(st.st_mode)}, not a regular file (refused)",
-                array=spec.name,
-                chunk=key,
-                path=path,
-            )
-        if most is not None and st.st_size > most:
-            raise ChunkError(
-                f"chunk file is {st.st_size} bytes, more than any codec stores a chunk of "
-                f"{grid} {spec.dtype} in (corrupt or hostile store; nothing was read)",
-                array=spec.name,
-                chunk=key,
-                path=path,
-            )
+        check_chunk_file(spec, st, key, path, decoded)
 
 
 def zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevice):

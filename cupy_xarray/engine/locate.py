@@ -41,7 +41,7 @@ def locate(
                 continue
             except OSError as exc:
                 raise ChunkError(f"cannot stat chunk: {exc}", array=spec.name, chunk=key, path=path) from exc
-            check_chunk_file(spec, st, key, path)
+            check_chunk_file(spec, st, key, path, spec.recipe.nbytes if spec.recipe is not None else None)
             tasks.append(ChunkTask(out, spec, p, path, key, 0, st.st_size))
         return tasks, missing
     indexes: dict[tuple[int, ...], Any] = {}
@@ -57,10 +57,10 @@ def locate(
     return tasks, missing
 
 
-def check_chunk_file(spec: ArraySpec, st: os.stat_result, key: str, path: str) -> None:
+def check_chunk_file(spec: ArraySpec, st: os.stat_result, key: str, path: str, decoded: int | None) -> None:
     """Before a chunk file is read: a regular file (not a directory, FIFO, device or socket),
-    no larger than any codec stores the chunk in (a store cannot make a read take more
-    memory than its chunks' bound: :func:`.shards.stored_bound`)."""
+    no larger than any codec stores a ``decoded``-byte chunk in (a store cannot make a read
+    take more memory than its chunks' bound: :func:`.shards.stored_bound`; None: no bound)."""
     if stat.S_ISDIR(st.st_mode):
         raise ChunkError("chunk path is a directory, not a file", array=spec.name, chunk=key, path=path)
     if not stat.S_ISREG(st.st_mode):
@@ -70,10 +70,9 @@ def check_chunk_file(spec: ArraySpec, st: os.stat_result, key: str, path: str) -
             chunk=key,
             path=path,
         )
-    most = stored_bound(spec.recipe.nbytes) if spec.recipe is not None else None
-    if most is not None and st.st_size > most:
+    if decoded is not None and st.st_size > stored_bound(decoded):
         raise ChunkError(
-            f"chunk file is {st.st_size} bytes, more than any codec stores a {spec.recipe.nbytes}-byte "
+            f"chunk file is {st.st_size} bytes, more than any codec stores a {decoded}-byte "
             "chunk in (corrupt or hostile store; nothing was read)",
             array=spec.name,
             chunk=key,
