@@ -194,14 +194,14 @@ class HTTPFetcher:
             if conn is not None and conn.sock is not None:
                 conn.sock.settimeout(left)
 
-        if resp.getheader("Content-Encoding", "identity").lower() in ("gzip", "x-gzip", "deflate"):
-            return self._decoded_body(resp, most, wait_left)
         if resp.status == 404:
             resp.read()
             return None
         if resp.status not in (200, 206):
             resp.read()
             raise HTTPError(resp.status, resp.reason)
+        if resp.getheader("Content-Encoding", "identity").lower() in ("gzip", "x-gzip", "deflate"):
+            return self._decoded_body(resp, most, wait_left, lambda: self._drop(scheme, host, port))
         length = resp.getheader("Content-Length")
         if length is None:  # chunked transfer: no size to read into
             parts, got = [], 0
@@ -239,17 +239,14 @@ class HTTPFetcher:
             self._drop(scheme, host, port)
         return buf
 
-    def _decoded_body(self, resp: http.client.HTTPResponse, most: int | None, wait_left) -> Any:
+    def _decoded_body(
+        self, resp: http.client.HTTPResponse, most: int | None, wait_left, drop: Callable[[], None]
+    ) -> Any:
         """A body a server compressed although asked not to (``Content-Encoding``): inflated,
-        at most ``most`` bytes of it (a compressed answer cannot make a read take more)."""
+        at most ``most`` bytes of it (a compressed answer cannot make a read take more).
+        ``drop``: forget the connection, whose answer is then left unread."""
         import zlib
 
-        if resp.status == 404:
-            resp.read()
-            return None
-        if resp.status not in (200, 206):
-            resp.read()
-            raise HTTPError(resp.status, resp.reason)
         gz = resp.getheader("Content-Encoding", "").lower() in ("gzip", "x-gzip")
         inflate = zlib.decompressobj(zlib.MAX_WBITS | 16 if gz else zlib.MAX_WBITS)
         parts, got, cap = [], 0, (None if most is None else most + 1)
@@ -262,7 +259,7 @@ class HTTPFetcher:
             parts.append(out)
             got += len(out)
             if cap is not None and got >= cap:
-                resp.close()
+                drop()  # the rest of the body is not read: the connection cannot be reused
                 return TooLarge(got)
         resp.read()  # (ends the response: its connection is reused)
         if not inflate.eof:
