@@ -21,7 +21,6 @@ Outcomes:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -204,25 +203,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=float, default=10.0)
     args = ap.parse_args()
+    from tally import Tally
+
     root = tempfile.mkdtemp(prefix="hostile-")
-    counts: dict[str, int] = {}
-    failures, longest = [], 0.0
-    t0 = time.perf_counter()
+    tally = Tally(ok=("refused", "same", "skipped"))
     try:
         for i in range(args.cases):
             r = run_case(i, args.seed, root, args.limit)
-            counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-            longest = max(longest, r.get("seconds", 0.0))
-            if r["outcome"] not in ("refused", "same", "skipped"):
-                failures.append(f"{r['case']}: {r['outcome']}: {r.get('detail', '')}")
+            tally.add(r["case"], r["outcome"], r.get("detail", ""), r.get("seconds", 0.0))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    summary = {"cases": args.cases, "counts": counts, "longest_read_s": round(longest, 3)}
-    summary["seconds"] = round(time.perf_counter() - t0, 1)
-    print(json.dumps(summary))
-    for line in failures:
-        print("FAIL", line)
-    sys.exit(1 if failures else 0)
+    tally.finish(args.cases)
 
 
 if __name__ == "__main__":

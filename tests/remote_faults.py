@@ -12,7 +12,6 @@ package's own errors naming the object), or failures: ``differs`` (other values)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -36,6 +35,7 @@ def main() -> None:
     import numpy as np
     import xarray as xr
     from loopback import HTTPStores
+    from tally import Tally
     from test_remote import _write
 
     import cupy_xarray
@@ -43,8 +43,7 @@ def main() -> None:
 
     root = tempfile.mkdtemp(prefix="faults-")
     store = _write(root)
-    counts: dict[str, int] = {}
-    failures, longest = [], 0.0
+    tally = Tally(ok=("same", "refused"))
     timeout, retries = 0.5, 2
     bound = (retries + 1) * (timeout + 0.2) * 4 + 5  # a few objects in a row, each retried
     with warnings.catch_warnings(), HTTPStores(root) as server, cupy_xarray.set_options(
@@ -59,7 +58,6 @@ def main() -> None:
             "/" + os.path.relpath(os.path.join(top, f), root)
             for top, _, files in os.walk(os.path.join(store, v)) for f in files if f != "zarr.json"
         ) for v in VARIABLES}  # fmt: skip
-        t_start = time.perf_counter()
         for i in range(args.cases):
             rng = random.Random(args.seed * 1_000_003 + i)
             var, how = rng.choice(VARIABLES), rng.choice(READS)
@@ -91,19 +89,11 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - a failure of the campaign
                 outcome, detail = "bare", f"{type(exc).__name__}: {exc}"[:200]
             seconds = time.perf_counter() - t0
-            longest = max(longest, seconds)
             if seconds > bound:
                 outcome, detail = "slow", f"{seconds:.1f} s"
-            counts[outcome] = counts.get(outcome, 0) + 1
-            if outcome not in ("same", "refused"):
-                failures.append(f"{label}: {outcome}: {detail}")
+            tally.add(label, outcome, detail, seconds)
         server.faults.clear()
-    summary = {"cases": args.cases, "counts": counts, "longest_read_s": round(longest, 2)}
-    summary["seconds"] = round(time.perf_counter() - t_start, 1)
-    print(json.dumps(summary))
-    for line in failures:
-        print("FAIL", line)
-    sys.exit(1 if failures else 0)
+    tally.finish(args.cases)
 
 
 if __name__ == "__main__":
