@@ -56,6 +56,9 @@ def store_specs(t: int) -> dict[str, dict]:
         "blosc-lz4 tiles": dict(
             t=t, chunks=tiles, compressors=zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
         ),
+        "blosc-zstd tiles": dict(
+            t=t, chunks=tiles, compressors=zarr.codecs.BloscCodec(cname="zstd", clevel=1, shuffle="shuffle")
+        ),
         "lz4 tiles": dict(t=t, chunks=tiles, compressors=zn.LZ4()),
         "gzip tiles": dict(t=max(8, t // 4), chunks=tiles, compressors=zarr.codecs.GzipCodec(level=1)),
     }

@@ -74,6 +74,7 @@ def test_a_stream_that_does_not_decode_is_named_by_its_index():
 COMPRESSORS = {
     "zstd": zarr.codecs.ZstdCodec(level=1),
     "gzip": zarr.codecs.GzipCodec(level=1),
+    "blosc-zstd": zarr.codecs.BloscCodec(cname="zstd", clevel=1, shuffle="shuffle", typesize=4),
 }
 
 
@@ -125,18 +126,22 @@ def test_a_damaged_chunk_is_named_through_the_process(tmp_path, options):
 # -- on the GPU: nvCOMP in the decoder process ------------------------------------------------
 
 
-def _zstd_store(tmp_path, t=16):
+def _zstd_store(tmp_path, t=16, name="zstd"):
     data = (np.sin(np.arange(t * 256 * 256, dtype="f4") / 300) * 50).reshape(t, 256, 256).astype("f4")
     path = tmp_path / "z.zarr"
     xr.Dataset({"v": (("t", "y", "x"), data)}).to_zarr(
-        path, zarr_format=3, encoding={"v": {"chunks": (1, 256, 256), "compressors": COMPRESSORS["zstd"]}}
+        path, zarr_format=3, encoding={"v": {"chunks": (1, 256, 256), "compressors": COMPRESSORS[name]}}
     )
     return path, data
 
 
+ZSTD_STREAMS = ["zstd", "blosc-zstd"]  # zstd frames as a chunk, and inside Blosc's blocks
+
+
 @pytest.mark.gpu
-def test_default_gpu_reads_decode_zstd_in_the_decoder_process(tmp_path):
-    path, data = _zstd_store(tmp_path)
+@pytest.mark.parametrize("name", ZSTD_STREAMS)
+def test_gpu_reads_decode_zstd_in_the_decoder_process(tmp_path, name):
+    path, data = _zstd_store(tmp_path, name=name)
     procs = decoder_processes("nvcomp")
     batches = procs.batches
     ds = xr.open_dataset(path, engine="kvikio", decode="gpu")
@@ -148,11 +153,12 @@ def test_default_gpu_reads_decode_zstd_in_the_decoder_process(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fault", ["die", "stall"])
-def test_a_lost_gpu_decoder_process_leaves_this_process_and_its_data_intact(tmp_path, options, fault):
+@pytest.mark.parametrize("name", ZSTD_STREAMS)
+def test_a_lost_gpu_decoder_process_leaves_this_process_and_its_data_intact(tmp_path, options, fault, name):
     import cupy
 
     options(decoder_timeout=2.0)
-    path, data = _zstd_store(tmp_path)
+    path, data = _zstd_store(tmp_path, name=name)
     kept = cupy.arange(1 << 20, dtype=cupy.float32)
     procs = decoder_processes("nvcomp")
     assert xr.open_dataset(path, engine="kvikio", decode="gpu").v.data.shape == data.shape  # started
@@ -166,10 +172,11 @@ def test_a_lost_gpu_decoder_process_leaves_this_process_and_its_data_intact(tmp_
 
 
 @pytest.mark.gpu
-def test_damaged_zstd_frames_on_the_default_path_raise_and_the_gpu_lives_on(tmp_path):
+@pytest.mark.parametrize("name", ZSTD_STREAMS)
+def test_damaged_zstd_frames_raise_and_the_gpu_lives_on(tmp_path, name):
     import cupy
 
-    path, data = _zstd_store(tmp_path)
+    path, data = _zstd_store(tmp_path, name=name)
     kept = cupy.arange(1 << 20, dtype=cupy.float32)
     rng = np.random.default_rng(7)
     victims = sorted((path / "v" / "c").rglob("*"))
@@ -190,5 +197,5 @@ def test_damaged_zstd_frames_on_the_default_path_raise_and_the_gpu_lives_on(tmp_
         # of it: the values need not agree)
         assert bool((kept == cupy.arange(1 << 20, dtype=cupy.float32)).all())
     (tmp_path / "again").mkdir()
-    path, data = _zstd_store(tmp_path / "again")  # this process reads on, through a decoder process
+    path, data = _zstd_store(tmp_path / "again", name=name)  # this process reads on
     np.testing.assert_array_equal(host(xr.open_dataset(path, engine="kvikio").v.data), data)

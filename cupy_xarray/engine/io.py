@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 import threading
@@ -313,10 +314,14 @@ class _KvikioPending:
             self.wait()
 
 
+@functools.cache
+def _has_proc_fd() -> bool:
+    return os.path.isdir("/proc/self/fd")
+
+
 def _opened_name(fd: int, path: str) -> str:
     """A name that opens the same file as ``fd`` (Linux: ``/proc/self/fd/N``), else ``path``."""
-    name = f"/proc/self/fd/{fd}"
-    return name if os.path.exists(name) else path
+    return f"/proc/self/fd/{fd}" if _has_proc_fd() else path
 
 
 class _KvikioSession:

@@ -209,6 +209,8 @@ def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
         return "host", "decode='cpu'"
     kind = stream_kind(codecs)
     isolated = isolable(codecs) and get_options().decoder_process != "off"
+    if isolated and _blosc(codecs):
+        return "host", "Blosc's zstd blocks: CPU threads (decode='gpu': nvCOMP in the decoder process)"
     if not isolated and not decodes_on_gpu(kind, "auto", proven(codecs)):
         return "host", stream(kind).host_only or "decoded safely on the CPU"
     return None, ""
@@ -229,13 +231,17 @@ def decoder_process_on(device: Any) -> bool:
 
 
 def isolable(codecs: tuple[str, ...]) -> bool:
-    """Whether the decoder process may take a chain's streams: its compressor is one stream
-    nvCOMP may fault on, not proven by a crc32c (Blosc's streams are decoded inside its own
-    layout, in this process)."""
-    name = compressor(codecs)
-    if name is None or name.startswith("blosc-") or proven(codecs):
+    """Whether the decoder process may take a chain's streams: its compressor writes streams
+    nvCOMP may fault on (for Blosc: its blocks' streams), not proven by a crc32c."""
+    kind = stream_kind(codecs)
+    if kind is None or proven(codecs):
         return False
-    return stream(name).nvcomp_faults
+    return stream(kind).nvcomp_faults
+
+
+def _blosc(codecs: tuple[str, ...]) -> bool:
+    name = compressor(codecs)
+    return name is not None and name.startswith("blosc-")
 
 
 def nvcomp_decodes(codecs: tuple[str, ...], device: Any, decode: str) -> bool:

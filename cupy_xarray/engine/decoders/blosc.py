@@ -271,6 +271,7 @@ def decode_chunks(
     targets: list[Any] | None = None,
     ready: dict[str, Ready] | None = None,
     boxes: list[Box | None] | None = None,
+    isolated: bool = False,
 ) -> tuple[list[Any], list[Any]]:
     """Decode every stream and unshuffle every block.
 
@@ -280,7 +281,9 @@ def decode_chunks(
     no scratch, no scatter). Other chunks get a new buffer. ``ready``: what
     :func:`ready_streams` started for this batch.
     Returns the buffers to keep alive until the device is synchronized, and the decoded
-    bytes of each chunk (None for a chunk unshuffled into its box).
+    bytes of each chunk (None for a chunk unshuffled into its box). ``isolated``: streams
+    nvCOMP may fault on (zstd) are decoded in the decoder process (:mod:`..sandbox`; again on
+    CPU threads where it is lost).
 
     Raises
     ------
@@ -305,17 +308,20 @@ def decode_chunks(
             _check_zstd(xp, buffer, lay, idx)
             if lap:
                 lap("blosc zstd check")
-        batched = device.codecs.batched(STREAMS[algo]) if device.name == "gpu" else None
+        if isolated and stream(STREAMS[algo]).nvcomp_faults:
+            batched = None  # not in this process: nvCOMP may fault or hang on a damaged stream
+        else:
+            batched = device.codecs.batched(STREAMS[algo]) if device.name == "gpu" else None
         if batched is not None:
             mine = (ready or {}).get(algo)
             owners.append(_decode_gpu_c(device, batched, algo, buffer, lay, idx, ptr, lap, mine))
             continue
-        if device.name == "gpu" and _carve_supported(device):
+        if device.name == "gpu" and _carve_supported(device) and not isolated:
             owners.append(_decode_gpu(device, algo, buffer, lay, idx, ptr, lap))
             continue
         source, src = _pack(xp, buffer, lay.src[idx], lay.clen[idx], device)
         srcs = [source[int(p) : int(p) + int(c)] for p, c in zip(src, lay.clen[idx])]
-        result = _decode_streams(device, algo, srcs, lay, idx)
+        result = _decode_streams(device, algo, srcs, lay, idx, isolated)
         for s, d in zip(idx, result):
             decoded[int(s)] = d
             if device.name == "gpu":
@@ -409,11 +415,17 @@ def c_blosc_into(src: np.ndarray, into: np.ndarray, index: int) -> None:
         raise BloscLayoutError(index, f"c-blosc cannot decode it: {exc} (corrupt chunk)") from exc
 
 
-def _decode_streams(device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray) -> list[Any]:
-    """Decode with ``Device.codecs`` (one batched call); check every decoded length."""
+def _decode_streams(
+    device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray, isolated: bool = False
+) -> list[Any]:
+    """Decode with ``Device.codecs`` (one batched call; ``isolated``: in the decoder process);
+    check every decoded length."""
+    expected = [int(lay.dlen[s]) for s in idx]  # Blosc's LZ4 streams carry no size prefix
     try:
-        # Blosc's LZ4 streams carry no size prefix
-        result = device.codecs.decode(STREAMS[algo], srcs, [int(lay.dlen[s]) for s in idx])
+        if isolated:
+            result = device.codecs.decode(STREAMS[algo], srcs, expected, isolated=True)
+        else:
+            result = device.codecs.decode(STREAMS[algo], srcs, expected)
     except DecodeFailure as exc:
         raise BloscLayoutError(int(lay.chunk[idx[exc.index]]), f"Blosc {algo} stream: {exc}") from exc
     for s, d in zip(idx, result):
@@ -439,13 +451,16 @@ class Ready:
     verdict: Any
 
 
-def gpu_streams(device: Any, lay: Layout) -> dict[str, tuple[Any, np.ndarray]]:
-    """The codecs of a batch that nvCOMP's C API decodes, with their batched decoder and the
-    indexes of their compressed streams."""
+def gpu_streams(device: Any, lay: Layout, isolated: bool = False) -> dict[str, tuple[Any, np.ndarray]]:
+    """The codecs of a batch that nvCOMP's C API decodes in this process, with their batched
+    decoder and the indexes of their compressed streams (``isolated``: not those the decoder
+    process takes)."""
     if device.name != "gpu":
         return {}
     found = {}
     for algo, idx in codec_groups(lay):
+        if isolated and stream(STREAMS[algo]).nvcomp_faults:
+            continue
         batched = device.codecs.batched(STREAMS[algo])
         if batched is not None:
             found[algo] = (batched, idx)
@@ -461,13 +476,13 @@ def codec_groups(lay: Layout) -> list[tuple[str, np.ndarray]]:
     return [(algo, comp[algos == algo]) for algo in sorted(set(algos))]
 
 
-def ready_streams(device: Any, buffer: Any, lay: Layout) -> dict[str, Ready]:
+def ready_streams(device: Any, buffer: Any, lay: Layout, isolated: bool = False) -> dict[str, Ready]:
     """Pack the compressed streams of each codec nvCOMP's C API decodes and start their
     structure checks, on the current stream (a batch's checks run while the batch before it
     decodes: a check is one long chain of reads per stream, and leaves the GPU idle)."""
     return {
         algo: _ready(device, batched, algo, buffer, lay, idx)
-        for algo, (batched, idx) in gpu_streams(device, lay).items()
+        for algo, (batched, idx) in gpu_streams(device, lay, isolated).items()
     }
 
 

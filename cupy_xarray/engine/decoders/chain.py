@@ -147,7 +147,7 @@ def prepare_group(group: Any, device: Any) -> None:
     tasks = group.tasks
     cname = tasks[0].spec.recipe.bytes_codecs[0][len("blosc-") :]
     buffer, lay = _blosc_layout(tasks, cname, tasks[0].spec.recipe.nbytes, device)
-    group.ready = (buffer, lay, blosc.ready_streams(device, buffer, lay))
+    group.ready = (buffer, lay, blosc.ready_streams(device, buffer, lay, group.isolated))
 
 
 def _blosc_layout(tasks: list[Any], cname: str, expected: int, device: Any) -> tuple[Any, blosc.Layout]:
@@ -188,7 +188,7 @@ def _decode_blosc(group: Any, cname: str, expected: int, device: Any, clock: Any
         else:
             boxes = [t.box for t in tasks] if last else None
             owners, views = blosc.decode_chunks(
-                buffer, lay, len(tasks), expected, device, clock.lap, targets, streams, boxes
+                buffer, lay, len(tasks), expected, device, clock.lap, targets, streams, boxes, group.isolated
             )
     except blosc.BloscLayoutError as exc:
         raise tasks[exc.index].error(str(exc)) from exc
