@@ -38,6 +38,50 @@ def make_dataset(ntime: int = 120, nlat: int = 25, nlon: int = 53) -> xr.Dataset
     return ds
 
 
+def air_temperature(ntime: int = 2920, nlat: int = 25, nlon: int = 53, seed: int = 0) -> xr.Dataset:
+    """A synthetic dataset shaped like xarray's air-temperature tutorial: 4x daily float32
+    ``air`` over ``time``, ``lat`` and ``lon``, with a seasonal cycle and noise (no download).
+
+    Parameters
+    ----------
+    ntime, nlat, nlon
+        Its size (the defaults: two years, 15 MB).
+    seed
+        Seed of the noise: the same arguments give the same values.
+
+    Examples
+    --------
+    >>> from cupy_xarray.sample import air_temperature
+    >>> air_temperature(ntime=8).air.shape
+    (8, 25, 53)
+    """
+    import pandas as pd
+
+    time = pd.date_range("2013-01-01", periods=ntime, freq="6h")
+    lat = np.linspace(75.0, 15.0, nlat, dtype="float32")
+    lon = np.linspace(200.0, 330.0, nlon, dtype="float32")
+    doy = time.day_of_year.to_numpy()[:, None, None]
+    seasonal = 12 * np.cos(2 * np.pi * (doy - 200) / 365.25)
+    latitude = 300 - 0.6 * (lat[None, :, None] - 15)
+    rng = np.random.default_rng(seed)
+    air = latitude - seasonal * (lat[None, :, None] / 75) + rng.normal(0, 1.5, (ntime, nlat, nlon))
+    return xr.Dataset(
+        {
+            "air": (
+                ("time", "lat", "lon"),
+                air.astype("float32"),
+                {"long_name": "4xDaily Air temperature at sigma level 995", "units": "degK"},
+            )
+        },
+        coords={
+            "time": time,
+            "lat": ("lat", lat, {"units": "degrees_north"}),
+            "lon": ("lon", lon, {"units": "degrees_east"}),
+        },
+        attrs={"title": "synthetic 4x daily NMC reanalysis (air temperature)"},
+    )
+
+
 def write_sample(path: str | os.PathLike = SAMPLE) -> Path:
     """Write the sample store (Zarr v3, zstd) to ``path``."""
     import zarr

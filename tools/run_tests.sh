@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the project with its test extra into a fresh virtual environment per Python
+# Install the project with its test and notebooks extras into a fresh virtual environment per Python
 # (3.11 with zarr 3.1.x, 3.12 with the newest zarr), then run ruff and the test suite (the example
 # notebooks included), and build the docs with warnings as errors.
 # GPU tests skip cleanly where no CUDA device is available.
@@ -21,7 +21,7 @@ for py in "${pythons[@]}"; do
   echo "== $("$py" --version), in a fresh virtual environment (removed afterwards)"
   "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  "$venv/bin/python" -m pip install -q -e ".[test]" 2>&1 | grep -v '^WARNING: Location' || true
+  "$venv/bin/python" -m pip install -q -e ".[test,notebooks]" 2>&1 | grep -v '^WARNING: Location' || true
   "$venv/bin/python" -c "import zarr, xarray; print('zarr', zarr.__version__, 'xarray', xarray.__version__)"
   "$venv/bin/python" -m ruff check cupy_xarray tests benchmarks || status=1
   set +e
