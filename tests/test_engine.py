@@ -505,3 +505,41 @@ def test_a_one_chunk_gpu_read_needs_no_pinned_twin(tmp_path, monkeypatch):
     (got,) = read_arrays([(spec, (slice(1, 5), slice(3, 40)))], dev)  # pieces of three chunks
     np.testing.assert_array_equal(host(got), data[1:5, 3:40])
     assert len(made) == 1, made
+
+
+def test_a_decode_buffer_is_reused_only_once_its_copies_have_ended():
+    """The host route's two pinned buffers per thread (GPU reads): a job does not wait for its
+    own copies; the next job that takes the same buffer waits for them first."""
+    import threading
+
+    from cupy_xarray.engine import host
+
+    class Event:
+        def __init__(self):
+            self.waited = False
+
+        def synchronize(self):
+            self.waited = True
+
+    def in_a_new_thread(fn):
+        out = []
+        t = threading.Thread(target=lambda: out.append(fn()))
+        t.start()
+        t.join()
+        return out[0]
+
+    def jobs():
+        seen = []
+        first = host._decode_slot()
+        e0 = host._ring.events[first] = Event()
+        second = host._decode_slot()  # the other buffer: the first one's copies still run
+        seen.append((first, second, e0.waited))
+        e1 = host._ring.events[second] = Event()
+        third = host._decode_slot()  # the first again: its copies waited for now
+        seen.append((third, e0.waited, e1.waited))
+        e2 = host._ring.events[third] = Event()
+        large = host._decode_slot(both=False)  # a chunk held once: the first buffer, waited for
+        seen.append((large, e2.waited, e1.waited))
+        return seen
+
+    assert in_a_new_thread(jobs) == [(0, 1, False), (0, True, False), (0, True, False)]
