@@ -10,8 +10,7 @@ libzstd, zlib, liblz4, c-blosc after the engine's own Blosc layout check, crc32c
 - a GPU read decodes into pinned host memory and copies it to the device on the thread's
   own CUDA stream: straight into the output where the chunk is one run of it, with strided
   2-D copies where the piece is a box of rows (:func:`~.scatter.box_copies`), else into a
-  scratch buffer of one chunk that is scattered on the GPU. The thread goes on to its next
-  chunk while those copies run (two pinned buffers in turn); the read ends once they have.
+  scratch buffer of one chunk that is scattered on the GPU.
 
 Uncompressed chunks fetched from a remote store are the exception on a GPU: the calling
 thread queues their copies, and the kernel that places tile boxes reads them from the
@@ -20,8 +19,7 @@ page-locked memory they landed in (:func:`.place.place_fetched`). Where the byte
 
 Memory beside the output is bounded by the pool: per thread, one chunk's stored bytes and
 one chunk's decoded bytes on the host (kept by the thread for its next chunk; pinned for a
-GPU read: the stored bytes where they are copied to the GPU as they are, and two chunks'
-decoded bytes where a chunk fits in the ``kept_buffer_bytes`` option), and for a GPU read
+GPU read: the stored bytes where they are copied to the GPU as they are), and for a GPU read
 of tiles one decoded chunk on the device, given back when the job ends.
 Jobs of concurrent reads share the pool, so reads in many threads never decode on more CPU
 threads than it has.
@@ -37,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..options import Options, carried, get_options
+from ..options import Options, carried
 from .buffers import thread_buffer
 from .decoders import decode_on_host
 from .io import ReadOp, _pread_into, blob_bytes, first_error, run_now
@@ -70,38 +68,15 @@ def fetched_bytes(task: ChunkTask, offset: int, size: int) -> np.ndarray:
     return blob_bytes(ReadOp(task.path, offset, size, None, task.spec.name, task.key, task.blob))
 
 
-_ring = threading.local()
-
-
-def _decode_slot(both: bool = True) -> int:
-    """Which of this thread's two pinned decode buffers the next GPU chunk decodes into: the one
-    whose copies to the GPU, queued by an earlier job, have ended (waited for here). A job does
-    not wait for its own copies, so that they run while the thread reads and decodes the next
-    chunk (4 MiB LZ4 tiles on an H200: 2.3 of 6.9 ms per chunk were spent waiting for them).
-    ``both=False``: the first buffer (chunks too large to be held twice per thread)."""
-    events = getattr(_ring, "events", None)
-    if events is None:
-        events = _ring.events = [None, None]
-        _ring.next = 0
-    slot = _ring.next if both else 0
-    if both:
-        _ring.next ^= 1
-    if events[slot] is not None:
-        events[slot].synchronize()
-        events[slot] = None
-    return slot
-
-
 def _timed_job(task: ChunkTask, out: Any, device: Any, jobs: Jobs) -> None:
     t0 = time.perf_counter()
     try:
-        _job(task, out, device, jobs)
+        _job(task, out, device, jobs.stats)
     finally:
         jobs._spent.append((id(task.spec.recipe), time.perf_counter() - t0))  # (append: thread-safe)
 
 
-def _job(task: ChunkTask, out: Any, device: Any, jobs: Jobs) -> None:
-    stats = jobs.stats
+def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
     if task.direct is not None:
         _direct_job(task, out, device)
         return
@@ -120,31 +95,18 @@ def _job(task: ChunkTask, out: Any, device: Any, jobs: Jobs) -> None:
             _pread_into(op)
     t1 = time.perf_counter()
     data = stored
-    slot = None
     if recipe.bytes_codecs:
-        # on a GPU, one of the thread's two pinned buffers: a pinned allocation per chunk costs
-        # more than decoding a small one; its copies run while the next chunk is decoded
+        # on a GPU, the thread's own pinned buffer: a pinned allocation per chunk costs more
+        # than decoding a small one, and the copies end before the thread's next job
         target = None if gpu else task.target
-        if target is None and gpu:
-            small = recipe.nbytes <= get_options().kept_buffer_bytes
-            slot = _decode_slot(small)
-            final = thread_buffer(f"decoded{slot}", recipe.nbytes + 8, pinned=True)
-        else:
-            final = target if target is not None else thread_buffer("decoded", recipe.nbytes + 8)
+        final = target if target is not None else thread_buffer("decoded", recipe.nbytes + 8, pinned=gpu)
         data = decode_on_host(task, stored, final)
-        if slot is not None and not (small and np.shares_memory(data, final)):
-            slot = None  # decoded elsewhere (a buffer of its own), or a large chunk: waited for
     t2 = time.perf_counter()
     if len(data) < recipe.nbytes:
         raise task.error(f"chunk holds {len(data)} bytes, expected {recipe.nbytes}")
     if not gpu and task.target is not None and data.ctypes.data == task.target.ctypes.data:
         return  # decoded straight into the output
-    if slot is None:
-        place_from_host(task, data, out, device)
-    else:
-        event = place_from_host(task, data, out, device, wait=False)
-        _ring.events[slot] = event
-        jobs.copies.append(event)  # the read ends when they have run (:meth:`Jobs.wait`)
+    place_from_host(task, data, out, device)
     if stats is not None:
         stats["host pread (thread-s)"] += t1 - t0
         if gpu:
@@ -183,8 +145,6 @@ class Jobs:
         self.started = time.perf_counter()
         #: seconds from the start of the jobs to the end of the last (set by :meth:`wait`)
         self.wall = 0.0
-        #: events of copies to the GPU the jobs queued without waiting for them
-        self.copies: list = []
 
     def spent(self) -> dict[int, float]:
         """Thread-seconds per recipe (``id(recipe)``), once the jobs have ended."""
@@ -197,7 +157,6 @@ class Jobs:
         """Wait for every job; raise the first task's error (in task order)."""
         first = first_error(self._futures)
         self._futures = []
-        self._copied()
         self.wall = time.perf_counter() - self.started
         if first is not None:
             raise first
@@ -210,13 +169,6 @@ class Jobs:
             if not f.cancelled():
                 f.exception()
         self._futures = []
-        self._copied()
-
-    def _copied(self) -> None:
-        """Wait for the copies the jobs queued (an output is not read, nor given back, before)."""
-        copies, self.copies = self.copies, []
-        for event in copies:
-            event.synchronize()
 
 
 def _runs_inline(tasks: list[ChunkTask], options: Options) -> bool:

@@ -165,28 +165,22 @@ def queue_copies(task: ChunkTask, data: np.ndarray, out: Any, cupy: Any, stream:
             place_chunk(cupy, out, scratch, recipe, task.piece)
 
 
-def place_from_host(task: ChunkTask, data: np.ndarray, out: Any, device: Any, wait: bool = True) -> Any:
+def place_from_host(task: ChunkTask, data: np.ndarray, out: Any, device: Any) -> None:
     """Place a piece decoded (or read) into host memory by a CPU thread: on a GPU, through this
     thread's stream (:func:`queue_copies`), waited for before ``data`` is reused; on the CPU,
-    one copy or a scatter. ``wait=False``: on a GPU, return the event the copies end at
-    instead of waiting (the caller waits for it before ``data`` is reused or the read ends)."""
+    one copy or a scatter."""
     if device.name != "gpu":
         if task.copy is not None:
             src, n, dst = task.copy
             copy_bytes(out, dst, data, src, n, device)
         else:
             place_chunk(np, out, data, task.spec.recipe, task.piece)
-        return None
+        return
     stream = thread_stream(device.xp)
     try:
         queue_copies(task, data, out, device.xp, stream)
-        if not wait:
-            return stream.record()
-    except BaseException:
-        stream.synchronize()  # an error's way too: nothing may still read the host buffers
-        raise
-    stream.synchronize()  # the host buffers are reused by this thread's next job
-    return None
+    finally:
+        stream.synchronize()  # the host buffers are reused by this thread's next job, an error's way too
 
 
 def place_fetched(tasks: list[ChunkTask], outs: list[Any], device: Any, blob_bytes) -> None:
