@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import StoreError
+from .errors import UnsafeStoreError
 from .options import get_options
 
 #: most inner chunks one shard may index (2**24 entries are a 256 MiB index)
@@ -28,20 +28,6 @@ MAX_METADATA_BYTES = 256 * 2**20
 
 _METADATA_FILES = ("zarr.json", ".zgroup", ".zarray", ".zattrs", ".zmetadata")
 _LINK_HINT = "pass allow_external_links=True if you trust this store"
-
-
-class UnsafeStoreError(StoreError):
-    """Store metadata that would make the reader leave the store root, or allocate absurdly.
-
-    Attributes
-    ----------
-    key
-        The offending key (member, group, chunk) as written in the store.
-    """
-
-    def __init__(self, message: str, *, key: str) -> None:
-        self.key = key
-        super().__init__(message)
 
 
 def check_key(key: str, what: str, where: str) -> None:

@@ -49,5 +49,19 @@ class StoreError(CupyXarrayError, ValueError):
     """The store, group or variable asked for does not exist or is not usable."""
 
 
+class UnsafeStoreError(StoreError):
+    """Store metadata that would make the reader leave the store root, or allocate absurdly.
+
+    Attributes
+    ----------
+    key
+        The offending key (member, group, chunk) as written in the store.
+    """
+
+    def __init__(self, message: str, *, key: str) -> None:
+        self.key = key
+        super().__init__(message)
+
+
 class OutOfMemoryError(CupyXarrayError, MemoryError):
     """A read needs more device (or host) memory than is free; nothing was allocated."""

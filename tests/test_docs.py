@@ -1,0 +1,82 @@
+"""The user pages (README, the user guide, the API page, the notebooks' text) speak to users:
+no commit hashes, no private modules or functions of the package, no link to another
+project's pages. Design notes and their measurements live on the contributor pages."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+USER_PAGES = [ROOT / "README.md"] + [
+    ROOT / "docs" / f"{name}.md"
+    for name in (
+        "index",
+        "getting-started",
+        "accessor",
+        "engine",
+        "remote",
+        "performance",
+        "troubleshooting",
+        "api",
+    )
+]
+NOTEBOOKS = sorted((ROOT / "examples").glob("*.ipynb"))
+
+#: a commit hash: 7 to 40 hex digits with a letter and a digit among them
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+#: the package's private modules and names a user never calls
+PRIVATE = re.compile(
+    r"cupy_xarray[./](engine|cf|device|loader|chunked|containment|backend(?!\.KvikioBackendEntrypoint))\b"
+    r"|\bengine/\w+\.py|\bdecoders\.registry\b|\b(read_arrays|StreamDecoder|Boxes|find_backend_array"
+    r"|resolve_device|array_spec|_in_memory)\b"
+)
+#: words of how the project is made, not of what it does
+PROCESS = re.compile(r"\bA/B\b|\bstart of the machine\b|\bissue #?\d+", re.IGNORECASE)
+LINK = re.compile(r"\]\((https?://[^)]+)\)|<(https?://[^>]+)>")
+
+
+def _text(path: Path) -> str:
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text())["cells"]
+        return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return path.read_text()
+
+
+PAGES = USER_PAGES + NOTEBOOKS
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_user_pages_name_no_commit(path):
+    found = COMMIT.findall(_text(path))
+    assert not found, f"{path.name}: commit hashes {found}"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_user_pages_name_no_private_module_or_function(path):
+    found = [m.group(0) for m in PRIVATE.finditer(_text(path))]
+    assert not found, f"{path.name}: private names {found} (design notes go to docs/contributing.md)"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_user_pages_speak_of_the_package_not_of_its_making(path):
+    found = [m.group(0) for m in PROCESS.finditer(_text(path))]
+    assert not found, f"{path.name}: {found}"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_user_pages_link_to_no_web_page(path):
+    """The project has no public address: a link could only point at another project's pages."""
+    found = [a or b for a, b in LINK.findall(_text(path))]
+    assert not found, f"{path.name}: links {found}"
+
+
+def test_the_patterns_catch_what_they_are_for():
+    assert COMMIT.search("measured at 1274e57 on an H200")
+    assert not COMMIT.search("4 GiB of float32 in 1024 tiles, deadline")
+    assert PRIVATE.search("see `engine/schedule.py`") and PRIVATE.search("cupy_xarray.engine.read_arrays")
+    assert not PRIVATE.search("cupy_xarray.backend.KvikioBackendEntrypoint and cupy_xarray.errors.ChunkError")
+    assert PROCESS.search("an A/B run") and LINK.search("[docs](https://example.org/x)")
