@@ -102,6 +102,29 @@ class CupyDataArrayAccessor:
             data = data.compute()
         return data.get() if is_cupy_array(data) else np.asarray(data)
 
+    def to_zarr(self, store: Any = None, **kwargs: Any) -> Any:
+        """Write this DataArray to a Zarr store, as :meth:`xarray.DataArray.to_zarr` does.
+
+        Takes every argument of :meth:`xarray.Dataset.to_zarr` (``mode``, ``append_dim``,
+        ``region``, ``encoding``, ``consolidated``, ``zarr_format``, ``storage_options``,
+        ``compute`` ...) and writes the same Zarr store it would, from GPU data too (xarray's own
+        ``to_zarr`` refuses cupy arrays). A new store on a local path gets its chunks written by
+        the engine: compressed with nvCOMP on the GPU (zstd) or numcodecs on CPU threads, each file
+        under a temporary name renamed into place; other writes (appends, regions, remote
+        stores, dask arrays, CF-transformed values, other codecs) go through xarray from host
+        copies.
+
+        Returns
+        -------
+        What :meth:`xarray.Dataset.to_zarr` returns: a ``ZarrStore``, or with ``compute=False``
+        a dask ``Delayed`` that writes the dask arrays.
+        """
+        from .write import to_zarr
+
+        da = self._da
+        name = da.name if da.name is not None else "__xarray_dataarray_variable__"
+        return to_zarr(da.to_dataset(name=name, promote_attrs=False), store, **kwargs)
+
 
 @xr.register_dataset_accessor("cupy")
 class CupyDatasetAccessor:
@@ -131,6 +154,32 @@ class CupyDatasetAccessor:
         out.encoding = dict(ds.encoding)
         return out
 
+    def to_zarr(self, store: Any = None, **kwargs: Any) -> Any:
+        """Write this Dataset to a Zarr store, as :meth:`xarray.Dataset.to_zarr` does.
+
+        Takes every argument of :meth:`xarray.Dataset.to_zarr` (``mode``, ``append_dim``,
+        ``region``, ``encoding``, ``consolidated``, ``zarr_format``, ``storage_options``,
+        ``compute`` ...) and writes the same Zarr store it would, from GPU data too (xarray's own
+        ``to_zarr`` refuses cupy arrays). A new store on a local path gets its chunks written by
+        the engine: compressed with nvCOMP on the GPU (zstd) or numcodecs on CPU threads, each file
+        under a temporary name renamed into place; other writes (appends, regions, remote
+        stores, dask arrays, CF-transformed values, other codecs) go through xarray from host
+        copies.
+
+        Returns
+        -------
+        What :meth:`xarray.Dataset.to_zarr` returns: a ``ZarrStore``, or with ``compute=False``
+        a dask ``Delayed`` that writes the dask arrays.
+
+        Examples
+        --------
+        >>> ds = xr.open_dataset("in.zarr", engine="kvikio").load()  # doctest: +SKIP
+        >>> (ds * 2).cupy.to_zarr("out.zarr", mode="w")  # doctest: +SKIP
+        """
+        from .write import to_zarr
+
+        return to_zarr(self._ds, store, **kwargs)
+
     def as_cupy(self, coords: bool = False) -> xr.Dataset:
         """A new Dataset with every data variable in GPU memory (see DataArray.cupy.as_cupy)."""
         require_gpu(CONVERT_HINT)
@@ -139,6 +188,16 @@ class CupyDatasetAccessor:
     def as_numpy(self) -> xr.Dataset:
         """A new Dataset with everything in host memory."""
         return self._convert(lambda da: da.cupy.as_numpy())
+
+
+def _host_dataset(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with its GPU data (data variables and coordinates) in host memory, lazily for dask."""
+    changes = {
+        name: _convert_var(var, _to_numpy)
+        for name, var in ds.variables.items()
+        if name not in ds.indexes and (_is_dask(var._data) or is_cupy_array(var._data))
+    }
+    return ds.assign(changes) if changes else ds
 
 
 def _all_cupy(data_vars) -> bool:
@@ -166,6 +225,12 @@ class CupyDataTreeAccessor:
     def as_numpy(self) -> xr.DataTree:
         """A new DataTree with everything in host memory."""
         return self._tree.map_over_datasets(lambda ds: ds.cupy.as_numpy())
+
+    def to_zarr(self, store: Any, **kwargs: Any) -> Any:
+        """Write this DataTree to a Zarr store, as :meth:`xarray.DataTree.to_zarr` does, from GPU
+        data too: every node's data are copied to the host (dask arrays block by block) and
+        written by xarray."""
+        return self._tree.map_over_datasets(_host_dataset).to_zarr(store, **kwargs)
 
 
 def _as_cupy(self, coords: bool = False):

@@ -1,0 +1,11 @@
+"""Writing xarray objects to Zarr from where their data lie (GPU or host).
+
+``dataset.py`` is the xarray side (what xarray writes, what the engine writes), ``chunks.py``
+one array's chunks into a local store, ``encoders.py`` chunk bytes -> file bytes (numcodecs on
+CPU threads, nvCOMP on the GPU).
+"""
+
+from .chunks import WriteReport
+from .dataset import last_write, to_zarr
+
+__all__ = ["WriteReport", "last_write", "to_zarr"]

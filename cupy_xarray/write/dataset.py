@@ -1,0 +1,219 @@
+"""``to_zarr`` for xarray objects whose data live on the GPU (or on the host).
+
+xarray and zarr-python write the metadata (groups, arrays with their codecs, attributes, CF
+encoding, coordinates, consolidated metadata) exactly as ``Dataset.to_zarr`` does; the data of
+eager variables whose codec chain the engine encodes (uncompressed, zstd, crc32c) is then
+written chunk by chunk from where it lies (:mod:`.chunks`): on the GPU through nvCOMP, on the
+host through numcodecs on CPU threads. Everything else (dask arrays, CF transforms of the
+values, other codecs, remote stores, ``region``/``append_dim``/``mode="a"``) is written by
+xarray from host copies, chunk by chunk for dask arrays.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from .chunks import WriteReport, write_array
+from .encoders import CPUEncoder, GPUEncoder, Unsupported, recipe_of
+
+#: encoding keys that change the values written (scale, offset, another dtype ...) or the
+#: layout (sharding): such variables are written by xarray from a host copy
+_TRANSFORMS = {
+    *("scale_factor", "add_offset", "dtype", "missing_value", "units", "calendar", "shards", "filters")
+}
+
+_last_report: list[WriteReport] = []
+
+
+def _local_root(store: Any) -> Path | None:
+    if isinstance(store, os.PathLike):
+        return Path(store)
+    if isinstance(store, str) and "://" not in store and "::" not in store:
+        return Path(os.path.expanduser(store))
+    if isinstance(store, str) and store.startswith("file://"):
+        return Path(store[len("file://") :])
+    return None
+
+
+def _is_dask(data: Any) -> bool:
+    return type(data).__module__.startswith("dask") and hasattr(data, "_meta")
+
+
+def _on_gpu(data: Any) -> bool:
+    from ..device import is_cupy_array
+
+    return is_cupy_array(data)
+
+
+def _host(var: xr.Variable) -> xr.Variable:
+    """The variable with its data in host memory (lazily, block by block, for dask)."""
+    from ..accessors import _to_numpy
+
+    data = var._data
+    if _is_dask(data) or _on_gpu(data):
+        return var.copy(deep=False, data=_to_numpy(data))
+    return var
+
+
+def _fast(var: xr.Variable, encoding: dict) -> bool:
+    """Whether the engine may write a variable's chunks itself: eager numeric data whose
+    values xarray writes as they are (``encoding``: what ``encoding=`` gives the variable)."""
+    data = var._data
+    if _is_dask(data) or not (_on_gpu(data) or isinstance(data, np.ndarray)):
+        return False
+    if var.dtype.kind not in "biufc" or var.ndim == 0:
+        return False
+    if _TRANSFORMS & (set(var.encoding) | set(encoding)):
+        return False
+    fill = encoding.get("_FillValue", var.encoding.get("_FillValue", var.attrs.get("_FillValue")))
+    return fill is None or (var.dtype.kind in "fc" and bool(np.isnan(fill)))
+
+
+def _chunks(var: xr.Variable, encoding: dict) -> tuple[int, ...]:
+    enc = encoding.get("chunks") or var.encoding.get("chunks")
+    if enc:
+        return tuple(min(int(c), n) for c, n in zip(enc, var.shape))
+    try:
+        from zarr.core.chunk_grids import _guess_chunks
+
+        return tuple(int(c) for c in _guess_chunks(var.shape, var.dtype.itemsize))
+    except ImportError:  # zarr moved it: one chunk per 16 MiB along the first dimension
+        rows = max(1, (16 << 20) // max(int(np.prod(var.shape[1:])) * var.dtype.itemsize, 1))
+        return (min(var.shape[0], rows),) + tuple(var.shape[1:])
+
+
+def _placeholder(var: xr.Variable, encoding: dict) -> xr.Variable:
+    """A lazy stand-in of a variable's data: xarray writes its metadata, never its values
+    (the write it returns for it is dropped, never computed)."""
+    import dask.array as da
+
+    return var.copy(deep=False, data=da.empty(var.shape, dtype=var.dtype, chunks=_chunks(var, encoding)))
+
+
+def _simple(root: Path | None, kwargs: dict) -> bool:
+    """Whether the engine writes the chunks of this ``to_zarr`` call: a new store or group on
+    a local path (appends, regions and remote stores are xarray's)."""
+    if root is None or kwargs.get("mode") not in (None, "w", "w-"):
+        return False
+    if kwargs.get("region") is not None or kwargs.get("append_dim") is not None:
+        return False
+    if kwargs.get("storage_options") or kwargs.get("group") or kwargs.get("chunkmanager_store_kwargs"):
+        return False
+    try:
+        import dask.array  # noqa: F401 - the placeholders that let xarray write metadata only
+    except ImportError:
+        return False
+    return True
+
+
+def _refuse_overwriting_a_source(ds: xr.Dataset, root: Path | None, kwargs: dict) -> None:
+    """``mode="w"`` deletes the store first: never the store ``ds`` is still read from."""
+    if root is None or kwargs.get("mode") != "w":
+        return
+    target = root.resolve()
+    for name, var in ds.variables.items():
+        source = var.encoding.get("source")
+        if not source or not isinstance(source, (str, os.PathLike)) or "://" in str(source):
+            continue
+        src = Path(source).resolve()
+        if (src == target or target in src.parents) and not _in_memory(var):
+            raise ValueError(
+                f"to_zarr(mode='w') would delete {str(target)!r}, which variable {name!r} is still read "
+                "from: load it first (ds.load()), or write to another path"
+            )
+
+
+def _in_memory(var: xr.Variable) -> bool:
+    data = var._data
+    return isinstance(data, np.ndarray) or _on_gpu(data)
+
+
+def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
+    """Write ``ds`` as ``ds.to_zarr(store, **kwargs)`` would, its GPU data included; returns
+    what that returns (a ``ZarrStore``, or a dask ``Delayed`` with ``compute=False``)."""
+    root = _local_root(store)
+    _refuse_overwriting_a_source(ds, root, kwargs)
+    simple = _simple(root, kwargs)
+    encodings = kwargs.get("encoding") or {}
+    fast = [n for n, v in ds.data_vars.items() if simple and _fast(v.variable, encodings.get(n, {}))]
+    lazy = [n for n, v in ds.data_vars.items() if simple and _is_dask(v.variable._data)]
+    changes = {}
+    for name, var in ds.variables.items():
+        if name in fast or name in lazy:
+            changes[name] = _placeholder(var, encodings.get(name, {}))
+        elif _is_dask(var._data) or _on_gpu(var._data):
+            changes[name] = _host(var)
+    template = ds.assign(changes) if changes else ds
+    if not simple:
+        return template.to_zarr(store, **kwargs)
+    compute = kwargs.pop("compute", True)
+    template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
+    report = WriteReport()
+    threads = _threads()
+    gpu, cpu = GPUEncoder(threads), CPUEncoder(threads)
+    for name in fast:
+        data = ds[name].variable._data
+        try:
+            recipe = recipe_of(_meta(root, name))
+        except Unsupported:
+            lazy.append(name)  # another codec chain: zarr-python encodes it, below
+            continue
+        xp = _xp(data)
+        encoder = gpu if xp is not np and gpu.supports(recipe) else cpu
+        if encoder is cpu and xp is not np:
+            data, xp = data.get(), np
+        write_array(root, name, data, xp, encoder, threads, report)
+    _last_report[:] = [report]
+    if lazy:  # xarray writes these from host copies (block by block), into the arrays made above
+        part = xr.Dataset({n: _host(ds[n].variable) for n in lazy})
+        sub = {k: v for k, v in kwargs.items() if k in ("zarr_format", "zarr_version")}
+        delayed = part.to_zarr(store, mode="r+", compute=compute, consolidated=False, **sub)
+        if not compute:
+            return delayed
+    if not compute:
+        return _nothing()
+    return _opened(root, kwargs)
+
+
+def _opened(root: Path, kwargs: dict) -> Any:
+    """The written store, as xarray's ``to_zarr`` returns it (a ``ZarrStore``)."""
+    try:
+        return xr.backends.ZarrStore.open_group(str(root), mode="r", zarr_format=kwargs.get("zarr_format"))
+    except Exception:  # noqa: BLE001 - the data are written; the handle is a courtesy
+        return None
+
+
+def _nothing() -> Any:
+    import dask
+
+    return dask.delayed(lambda: None)()
+
+
+def _meta(root: Path, name: str) -> Any:
+    import zarr
+
+    return zarr.open_array(store=str(root), path=name, mode="r").metadata
+
+
+def _xp(data: Any) -> Any:
+    if _on_gpu(data):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _threads() -> int:
+    from ..options import get_options
+
+    return get_options().host_decode_threads()
+
+
+def last_write() -> WriteReport | None:
+    """The report of this process's last engine write (arrays, chunks, bytes), or None."""
+    return _last_report[0] if _last_report else None

@@ -1,0 +1,169 @@
+"""Chunk encoders: a chunk's bytes in memory -> the bytes its file holds, many chunks a call.
+
+One interface, two implementations: :class:`CPUEncoder` (numcodecs on CPU threads: the same
+bytes zarr-python writes) and :class:`GPUEncoder` (one nvCOMP call per batch of chunks in GPU
+memory, the compressed bytes copied to the host once). What a chunk's codec chain asks for is a
+:class:`Recipe`; :func:`recipe_of` reads it from a zarr array's metadata.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+class Unsupported(Exception):
+    """A codec chain the engine's writer does not encode (zarr-python writes it instead)."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What turns a chunk's elements into its file: byte order and element order, an optional
+    zstd frame, an optional crc32c after it."""
+
+    big_endian: bool = False
+    order: str = "C"
+    zstd_level: int | None = None  # None: no compressor
+    zstd_checksum: bool = False
+    crc32c: bool = False
+
+    @property
+    def compressed(self) -> bool:
+        return self.zstd_level is not None
+
+
+def recipe_of(meta: Any) -> Recipe:
+    """The recipe of a zarr v2 or v3 array's metadata; :class:`Unsupported` where its chain is
+    not bytes -> [zstd] -> [crc32c] (v3) or [Zstd compressor], no filters (v2)."""
+    import numcodecs
+
+    if getattr(meta, "zarr_format", 3) == 2:
+        if meta.filters:
+            raise Unsupported("v2 filters")
+        comp = meta.compressor
+        big = meta.dtype.byteorder == ">" if hasattr(meta.dtype, "byteorder") else False
+        if comp is None:
+            return Recipe(big_endian=big, order=meta.order)
+        if isinstance(comp, numcodecs.Zstd):
+            cfg = comp.get_config()
+            return Recipe(big, meta.order, int(cfg.get("level", 0)), bool(cfg.get("checksum", False)))
+        raise Unsupported(f"compressor {comp!r}")
+    import zarr
+
+    codecs = list(meta.codecs)
+    first = codecs.pop(0) if codecs else None
+    if not isinstance(first, zarr.codecs.BytesCodec):
+        raise Unsupported(f"first codec {first!r}")
+    big = first.endian is not None and first.endian.value == "big"
+    level, checksum, crc = None, False, False
+    if codecs and isinstance(codecs[0], zarr.codecs.ZstdCodec):
+        level, checksum = int(codecs[0].level), bool(codecs[0].checksum)
+        codecs.pop(0)
+    if codecs and isinstance(codecs[0], zarr.codecs.Crc32cCodec):
+        crc = True
+        codecs.pop(0)
+    if codecs:
+        raise Unsupported(f"codecs {codecs!r}")
+    return Recipe(big, "C", level, checksum, crc)
+
+
+def _with_crc32c(encoded: bytes | np.ndarray) -> np.ndarray:
+    import google_crc32c
+
+    buf = np.frombuffer(encoded, np.uint8) if not isinstance(encoded, np.ndarray) else encoded
+    out = np.empty(len(buf) + 4, np.uint8)
+    out[:-4] = buf
+    out[-4:] = np.frombuffer(np.uint32(google_crc32c.value(buf.tobytes())).astype("<u4").tobytes(), np.uint8)
+    return out
+
+
+class CPUEncoder:
+    """numcodecs on CPU threads, chunks in host memory: the bytes zarr-python writes."""
+
+    name = "cpu"
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(1, threads)
+
+    def supports(self, recipe: Recipe) -> bool:
+        return True
+
+    def encode(self, recipe: Recipe, raws: list[np.ndarray]) -> list[np.ndarray]:
+        """Each chunk's file bytes (``raws``: 1-D uint8 arrays of its elements' bytes)."""
+        import numcodecs
+
+        codec = None
+        if recipe.compressed:
+            codec = numcodecs.Zstd(level=recipe.zstd_level, checksum=recipe.zstd_checksum)
+
+        def one(raw: np.ndarray) -> np.ndarray:
+            out = np.frombuffer(codec.encode(raw), np.uint8) if codec is not None else raw
+            return _with_crc32c(out) if recipe.crc32c else out
+
+        if len(raws) == 1 or self.threads == 1:
+            return [one(r) for r in raws]
+        with cf.ThreadPoolExecutor(min(self.threads, len(raws))) as pool:
+            return list(pool.map(one, raws))
+
+
+class GPUEncoder:
+    """Chunks in GPU memory: zstd frames by one nvCOMP call per batch (nvCOMP has no levels
+    and writes no content checksum: such chains go to :class:`CPUEncoder`), the bytes copied
+    to the host in one pass, a crc32c appended there."""
+
+    name = "gpu"
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(1, threads)
+        self._codec = None
+
+    def supports(self, recipe: Recipe) -> bool:
+        if recipe.compressed and recipe.zstd_checksum:
+            return False
+        return not recipe.compressed or self._nvcomp() is not None
+
+    @staticmethod
+    def _nvcomp() -> Any:
+        try:
+            from nvidia import nvcomp
+        except ImportError:
+            return None
+        return nvcomp
+
+    def encode(self, recipe: Recipe, raws: list[Any]) -> list[np.ndarray]:
+        import cupy
+
+        if recipe.compressed:
+            nv = self._nvcomp()
+            if self._codec is None:
+                self._codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW)
+            encoded = self._codec.encode(nv.as_arrays(raws))
+            device = [cupy.asarray(e).view(cupy.uint8).reshape(-1) for e in encoded]
+        else:
+            device = raws
+        outs = _to_host(device)
+        if recipe.crc32c:
+            with cf.ThreadPoolExecutor(min(self.threads, max(len(outs), 1))) as pool:
+                outs = list(pool.map(_with_crc32c, outs))
+        return outs
+
+
+def _to_host(arrays: list[Any]) -> list[np.ndarray]:
+    """Copy 1-D uint8 GPU arrays into one page-locked host buffer (one wait for all)."""
+    import cupy
+
+    from ..engine.buffers import pinned_buffer
+
+    sizes = np.array([a.size for a in arrays], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
+    host = pinned_buffer(int(sizes.sum()) or 1)
+    stream = cupy.cuda.get_current_stream()
+    rt = cupy.cuda.runtime
+    for a, s in zip(arrays, starts.tolist()):
+        if a.size:
+            rt.memcpyAsync(host.ctypes.data + s, a.data.ptr, a.size, rt.memcpyDeviceToHost, stream.ptr)
+    stream.synchronize()
+    return [host[s : s + n] for s, n in zip(starts.tolist(), sizes.tolist())]
