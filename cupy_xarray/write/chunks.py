@@ -67,13 +67,16 @@ def _raw(xp: Any, block: Any, shape: tuple[int, ...], fill: Any, recipe: Recipe)
     return raw
 
 
+_rename = os.replace
+
+
 def _put(path: Path, data: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     try:
         with open(tmp, "wb") as f:
             f.write(memoryview(data))
-        os.replace(tmp, path)
+        _rename(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

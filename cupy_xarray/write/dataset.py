@@ -117,20 +117,30 @@ def _refuse_overwriting_a_source(ds: xr.Dataset, root: Path | None, kwargs: dict
         return
     target = root.resolve()
     for name, var in ds.variables.items():
-        source = var.encoding.get("source")
-        if not source or not isinstance(source, (str, os.PathLike)) or "://" in str(source):
-            continue
-        src = Path(source).resolve()
-        if (src == target or target in src.parents) and not _in_memory(var):
+        src = _read_from(var)
+        if src is not None and (src == target or target in src.parents):
             raise ValueError(
                 f"to_zarr(mode='w') would delete {str(target)!r}, which variable {name!r} is still read "
                 "from: load it first (ds.load()), or write to another path"
             )
 
 
-def _in_memory(var: xr.Variable) -> bool:
-    data = var._data
-    return isinstance(data, np.ndarray) or _on_gpu(data)
+def _read_from(var: xr.Variable) -> Path | None:
+    """The local directory a lazy (not loaded) variable is still read from, or None."""
+    from xarray.backends.zarr import ZarrArrayWrapper
+
+    from ..backend import KvikioBackendArray
+    from ..cf import find_backend_array
+
+    lazy = find_backend_array(var._data, KvikioBackendArray)
+    if lazy is not None:
+        return Path(lazy.spec.directory).resolve() if lazy.spec.source is None else None
+    wrapper = find_backend_array(var._data, ZarrArrayWrapper)
+    store_path = getattr(getattr(wrapper, "_array", None), "store_path", None)
+    root = getattr(getattr(store_path, "store", None), "root", None)
+    if root is None:
+        return None
+    return (Path(root) / getattr(store_path, "path", "")).resolve()
 
 
 def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
@@ -144,10 +154,10 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     lazy = [n for n, v in ds.data_vars.items() if simple and _is_dask(v.variable._data)]
     changes = {}
     for name, var in ds.variables.items():
-        if name in fast or name in lazy:
+        if name in fast:
             changes[name] = _placeholder(var, encodings.get(name, {}))
         elif _is_dask(var._data) or _on_gpu(var._data):
-            changes[name] = _host(var)
+            changes[name] = _host(var)  # dask: its write in the template's is dropped, redone below
     template = ds.assign(changes) if changes else ds
     if not simple:
         return template.to_zarr(store, **kwargs)

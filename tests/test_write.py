@@ -1,0 +1,243 @@
+"""Writing to Zarr: ``ds.cupy.to_zarr`` / ``da.cupy.to_zarr`` / ``tree.cupy.to_zarr``.
+
+On the CPU the engine's writer (numcodecs on CPU threads) must write the very files xarray and
+zarr-python write, byte for byte; on the GPU (nvCOMP frames differ from libzstd's) what
+zarr-python reads back must equal what was written, bitwise."""
+
+from __future__ import annotations
+
+import filecmp
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+from cupy_xarray.write import last_write
+
+
+def _files(root: Path) -> dict[str, Path]:
+    return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_same_files(a: Path, b: Path) -> None:
+    fa, fb = _files(a), _files(b)
+    assert sorted(fa) == sorted(fb), (sorted(set(fa) ^ set(fb)))[:8]
+    differ = [k for k in fa if not filecmp.cmp(fa[k], fb[k], shallow=False)]
+    assert not differ, differ[:8]
+
+
+def _dataset(dtype="f4", shape=(7, 30, 41), seed=0, holes=True) -> xr.Dataset:
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    values = np.sin(np.arange(n) / 50).reshape(shape) * 100 + rng.normal(0, 1, shape)
+    kind = np.dtype(dtype).kind
+    if kind == "b":
+        data = values > 0
+    elif kind in "iu":
+        data = np.clip(values, 0 if kind == "u" else -1000, 1000).astype(dtype)
+    else:
+        data = values.astype(dtype)
+        if holes:
+            data[:, : shape[1] // 3] = np.nan  # whole chunks of the fill value: not written
+    dims = ("t", "y", "x")[: len(shape)]
+    return xr.Dataset(
+        {"v": (dims, data, {"units": "K", "long_name": "field"})},
+        coords={dims[0]: np.arange(shape[0])},
+        attrs={"title": "write test"},
+    )
+
+
+def _chains(fmt: int) -> dict[str, object]:
+    if fmt == 2:
+        return {"none": None, "zstd-1": numcodecs.Zstd(1), "zstd-3": numcodecs.Zstd(3)}
+    return {
+        "none": None,
+        "zstd-1": zarr.codecs.ZstdCodec(level=1),
+        "zstd-0": zarr.codecs.ZstdCodec(level=0),
+        "zstd-checksum": zarr.codecs.ZstdCodec(level=1, checksum=True),
+        "zstd+crc32c": [zarr.codecs.ZstdCodec(level=1), zarr.codecs.Crc32cCodec()],
+        "crc32c": [zarr.codecs.Crc32cCodec()],
+    }
+
+
+CASES = [(fmt, name) for fmt in (2, 3) for name in _chains(fmt)]
+
+
+@pytest.mark.parametrize("fmt,chain", CASES, ids=[f"v{f}-{c}" for f, c in CASES])
+@pytest.mark.parametrize("dtype", ["f4", "i2", "u1", "f8", "bool"])
+def test_the_engine_writes_the_files_xarray_writes(tmp_path, fmt, chain, dtype):
+    ds = _dataset(dtype)
+    enc = {"v": {"chunks": (2, 8, 16), "compressors": _chains(fmt)[chain]}}
+    ds.to_zarr(tmp_path / "xarray.zarr", zarr_format=fmt, encoding=enc)
+    ds.cupy.to_zarr(tmp_path / "engine.zarr", zarr_format=fmt, encoding=enc)
+    report = last_write()
+    assert report.arrays == ["v"] and report.encoder == "cpu" and report.chunks > 0
+    assert_same_files(tmp_path / "xarray.zarr", tmp_path / "engine.zarr")
+    want = xr.open_dataset(tmp_path / "xarray.zarr", engine="zarr").load()
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "engine.zarr", engine="zarr").load(), want)
+
+
+def test_random_writes_match_xarray(tmp_path):
+    rng = np.random.default_rng(2026)
+    for case in range(24):
+        fmt = int(rng.choice([2, 3]))
+        chains = _chains(fmt)
+        chain = list(chains)[int(rng.integers(len(chains)))]
+        ndim = int(rng.integers(1, 4))
+        shape = tuple(int(rng.integers(1, 40)) for _ in range(ndim))
+        chunks = tuple(int(rng.integers(1, n + 3)) for n in shape)
+        dtype = str(rng.choice(["f4", "f8", "i4", "u2", "i1"]))
+        ds = _dataset(dtype, shape, seed=case, holes=bool(rng.integers(2)))
+        enc = {"v": {"chunks": chunks, "compressors": chains[chain]}}
+        a, b = tmp_path / f"a{case}.zarr", tmp_path / f"b{case}.zarr"
+        ds.to_zarr(a, zarr_format=fmt, encoding=enc)
+        ds.cupy.to_zarr(b, zarr_format=fmt, encoding=enc)
+        assert last_write().chunks + last_write().empty > 0, (fmt, chain, shape, chunks, dtype)
+        assert_same_files(a, b)
+
+
+def test_a_dataarray_and_its_name(tmp_path):
+    da = _dataset().v
+    da.to_zarr(tmp_path / "x.zarr")
+    da.cupy.to_zarr(tmp_path / "e.zarr")
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    unnamed = da.rename(None)
+    unnamed.cupy.to_zarr(tmp_path / "u.zarr")
+    xr.testing.assert_identical(xr.open_dataarray(tmp_path / "u.zarr", engine="zarr").load(), unnamed)
+
+
+def test_what_the_engine_does_not_encode_is_written_by_xarray(tmp_path):
+    """Blosc, gzip, CF-scaled values, datetimes: xarray's own write, the same files."""
+    ds = _dataset()
+    ds["scaled"] = ds.v.fillna(0)
+    ds["scaled"].encoding = {"scale_factor": 0.1, "dtype": "i2", "_FillValue": -1}
+    ds["when"] = ("t", np.arange("2020-01-01", "2020-01-08", dtype="datetime64[D]").astype("M8[ns]"))
+    enc = {
+        "v": {"compressors": zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle")},
+        "scaled": {"compressors": zarr.codecs.GzipCodec(level=1)},
+    }
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    assert "v" not in last_write().arrays and "scaled" not in last_write().arrays
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
+def test_appends_regions_and_dask_go_through_xarray(tmp_path):
+    ds = _dataset(shape=(6, 10, 12))
+    first, second = ds.isel(t=slice(0, 4)), ds.isel(t=slice(4, None))
+    first.to_zarr(tmp_path / "x.zarr")
+    second.to_zarr(tmp_path / "x.zarr", append_dim="t")
+    first.cupy.to_zarr(tmp_path / "e.zarr")
+    second.cupy.to_zarr(tmp_path / "e.zarr", append_dim="t")
+    xr.testing.assert_identical(
+        xr.open_dataset(tmp_path / "e.zarr", engine="zarr").load(),
+        xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load(),
+    )
+    chunked = ds.chunk({"t": 2})
+    delayed = chunked.cupy.to_zarr(tmp_path / "lazy.zarr", compute=False)
+    delayed.compute()
+    ds.to_zarr(tmp_path / "eager.zarr", encoding={"v": {"chunks": (2, 10, 12)}})
+    assert_same_files(tmp_path / "eager.zarr", tmp_path / "lazy.zarr")
+
+
+def test_a_datatree(tmp_path):
+    tree = xr.DataTree.from_dict({"/a": _dataset(shape=(4, 6, 8)), "/b/c": _dataset("i2", shape=(3, 5))})
+    tree.to_zarr(tmp_path / "x.zarr")
+    tree.cupy.to_zarr(tmp_path / "e.zarr")
+    xr.testing.assert_identical(
+        xr.open_datatree(tmp_path / "e.zarr", engine="zarr").load(),
+        xr.open_datatree(tmp_path / "x.zarr", engine="zarr").load(),
+    )
+
+
+def test_a_write_that_fails_midway_leaves_no_partial_chunk(tmp_path, monkeypatch):
+    from cupy_xarray.write import chunks
+
+    ds = _dataset(holes=False)
+    real, written = chunks._rename, []
+
+    def failing(tmp, path):  # the disk fills up once five chunks are in place
+        if len(written) == 5:
+            raise OSError(28, "No space left on device")
+        real(tmp, path)
+        written.append(Path(path))
+
+    monkeypatch.setattr(chunks, "_rename", failing)
+    monkeypatch.setattr(chunks, "BATCH_BYTES", 4096)  # several batches
+    enc = {"v": {"chunks": (2, 8, 16), "compressors": zarr.codecs.ZstdCodec(level=1)}}
+    with pytest.raises(OSError, match="No space left"):
+        ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    assert not [p for p in (tmp_path / "e.zarr").rglob("*") if p.name.endswith(".partial")]
+    arr = zarr.open_array(tmp_path / "e.zarr" / "v", mode="r")
+    assert written, "the failure came before any chunk was written"
+    for path in written:  # every chunk that is there is whole: it decodes to its values
+        key = tuple(int(k) for k in path.relative_to(tmp_path / "e.zarr" / "v" / "c").parts)
+        sel = tuple(slice(i * c, (i + 1) * c) for i, c in zip(key, arr.chunks))
+        np.testing.assert_array_equal(arr[sel], ds.v.values[sel])
+
+
+def test_the_store_a_dataset_is_read_from_is_not_overwritten(tmp_path):
+    ds = _dataset()
+    ds.to_zarr(tmp_path / "s.zarr")
+    for engine in ("kvikio", "zarr"):  # not loaded: read from the store mode="w" would delete
+        lazy = (
+            xr.open_dataset(tmp_path / "s.zarr", engine=engine, device="cpu")
+            if engine == "kvikio"
+            else (xr.open_dataset(tmp_path / "s.zarr", engine=engine))
+        )
+        with pytest.raises(ValueError, match="variable 'v' is still read from"):
+            lazy.isel(t=slice(0, 3)).cupy.to_zarr(tmp_path / "s.zarr", mode="w")
+    (lazy.load() * 2).cupy.to_zarr(tmp_path / "twice.zarr", mode="w")  # loaded: written anywhere
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "s.zarr", engine="zarr").load(), ds)
+    with pytest.raises(Exception) as xarray_says:  # noqa: PT011 - whatever xarray raises
+        ds.to_zarr(tmp_path / "s.zarr")
+    with pytest.raises(type(xarray_says.value)):
+        ds.cupy.to_zarr(tmp_path / "s.zarr")  # mode "w-": an existing store is refused
+
+
+# -- from the GPU ------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,chain", CASES, ids=[f"v{f}-{c}" for f, c in CASES])
+@pytest.mark.parametrize("dtype", ["f4", "i2", "f8"])
+def test_gpu_data_written_reads_back_bitwise(tmp_path, fmt, chain, dtype):
+    ds = _dataset(dtype, shape=(9, 64, 96))
+    enc = {"v": {"chunks": (2, 32, 40), "compressors": _chains(fmt)[chain]}}
+    gds = ds.cupy.as_cupy()
+    gds.cupy.to_zarr(tmp_path / "g.zarr", zarr_format=fmt, encoding=enc)
+    report = last_write()
+    uses_gpu = chain != "zstd-checksum"
+    assert report.arrays == ["v"] and report.encoder == ("gpu" if uses_gpu else "cpu"), str(report)
+    ds.to_zarr(tmp_path / "x.zarr", zarr_format=fmt, encoding=enc)
+    want = xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load()
+    got = xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load()
+    xr.testing.assert_identical(got, want)
+    assert _files(tmp_path / "g.zarr").keys() == _files(tmp_path / "x.zarr").keys()  # same chunks
+    if chain in ("none", "crc32c"):
+        assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")
+    back = xr.open_dataset(tmp_path / "g.zarr", engine="kvikio").load()
+    xr.testing.assert_identical(back.cupy.as_numpy(), want)
+
+
+@pytest.mark.gpu
+def test_gpu_zstd_frames_are_what_zstd_readers_decode(tmp_path):
+    import cupy
+
+    ds = _dataset("f4", shape=(8, 256, 256), holes=False)
+    enc = {"v": {"chunks": (1, 256, 256), "compressors": zarr.codecs.ZstdCodec(level=1)}}
+    ds.cupy.as_cupy().cupy.to_zarr(tmp_path / "g.zarr", encoding=enc)
+    zstd = numcodecs.Zstd()
+    for path in sorted((tmp_path / "g.zarr" / "v" / "c").rglob("*")):
+        if path.is_file():
+            t = int(path.relative_to(tmp_path / "g.zarr" / "v" / "c").parts[0])
+            raw = np.frombuffer(zstd.decode(path.read_bytes()), "<f4").reshape(256, 256)
+            np.testing.assert_array_equal(raw, ds.v.values[t])
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    stored = sum(p.stat().st_size for p in _files(tmp_path / "g.zarr" / "v").values())
+    reference = sum(p.stat().st_size for p in _files(tmp_path / "x.zarr" / "v").values())
+    assert stored < 1.5 * reference, (stored, reference)  # compressed, not stored raw
+    assert cupy.cuda.runtime.getDeviceCount() >= 1
