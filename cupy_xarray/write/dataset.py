@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from .chunks import WriteReport, write_array
+from .chunks import WriteReport, chunk_shape, write_array
 from .encoders import CPUEncoder, GPUEncoder, Unsupported, recipe_of
 
 #: encoding keys that change the values written (scale, offset, another dtype ...) or the
@@ -174,7 +174,9 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
             lazy.append(name)  # another codec chain: zarr-python encodes it, below
             continue
         xp = _xp(data)
-        encoder = gpu if xp is not np and gpu.supports(recipe) else cpu
+        meta = _meta(root, name)
+        chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
+        encoder = gpu if xp is not np and gpu.supports(recipe, chunk_bytes) else cpu
         if encoder is cpu and xp is not np:
             data, xp = data.get(), np
         write_array(root, name, data, xp, encoder, threads, report)

@@ -88,7 +88,7 @@ class CPUEncoder:
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
 
-    def supports(self, recipe: Recipe) -> bool:
+    def supports(self, recipe: Recipe, chunk_bytes: int = 0) -> bool:
         return True
 
     def encode(self, recipe: Recipe, raws: list[np.ndarray]) -> list[np.ndarray]:
@@ -115,15 +115,19 @@ class GPUEncoder:
     to the host in one pass, a crc32c appended there."""
 
     name = "gpu"
+    #: the largest chunk nvCOMP's zstd compresses as one frame
+    max_chunk_bytes = 16 << 20
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
         self._codec = None
 
-    def supports(self, recipe: Recipe) -> bool:
-        if recipe.compressed and recipe.zstd_checksum:
+    def supports(self, recipe: Recipe, chunk_bytes: int = 0) -> bool:
+        if not recipe.compressed:
+            return True
+        if recipe.zstd_checksum or chunk_bytes > self.max_chunk_bytes:
             return False
-        return not recipe.compressed or self._nvcomp() is not None
+        return self._nvcomp() is not None
 
     @staticmethod
     def _nvcomp() -> Any:
@@ -140,7 +144,9 @@ class GPUEncoder:
             nv = self._nvcomp()
             if self._codec is None:
                 self._codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW)
+            cupy.cuda.get_current_stream().synchronize()  # nvCOMP runs on a stream of its own
             encoded = self._codec.encode(nv.as_arrays(raws))
+            cupy.cuda.Device().synchronize()
             device = [cupy.asarray(e).view(cupy.uint8).reshape(-1) for e in encoded]
         else:
             device = raws
