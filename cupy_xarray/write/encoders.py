@@ -57,7 +57,8 @@ def recipe_of(meta: Any) -> Recipe:
     first = codecs.pop(0) if codecs else None
     if not isinstance(first, zarr.codecs.BytesCodec):
         raise Unsupported(f"first codec {first!r}")
-    big = first.endian is not None and first.endian.value == "big"
+    endian = getattr(first.endian, "value", first.endian)  # an Enum in zarr 3.1, a str in 3.4
+    big = endian == "big"
     level, checksum, crc = None, False, False
     if codecs and isinstance(codecs[0], zarr.codecs.ZstdCodec):
         level, checksum = int(codecs[0].level), bool(codecs[0].checksum)
