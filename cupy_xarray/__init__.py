@@ -13,6 +13,7 @@ from .engine.read import ReadReport, record_reads
 from .loader import read_datatree_gds, read_zarr_gds
 from .options import Options, get_options, set_options
 from .warmup import warm_up
+from .write import WriteReport, record_writes
 
 chunked.install()  # dask chunks of engine arrays keep the device's meta
 
@@ -25,7 +26,9 @@ __all__ = [
     "gpu_available",
     "read_datatree_gds",
     "read_zarr_gds",
+    "WriteReport",
     "record_reads",
+    "record_writes",
     "set_options",
     "warm_up",
 ]

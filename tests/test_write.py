@@ -15,7 +15,7 @@ import pytest
 import xarray as xr
 import zarr
 
-from cupy_xarray.write import last_write
+from cupy_xarray import record_writes
 
 
 def _files(root: Path) -> dict[str, Path]:
@@ -72,8 +72,9 @@ def test_the_engine_writes_the_files_xarray_writes(tmp_path, fmt, chain, dtype):
     ds = _dataset(dtype)
     enc = {"v": {"chunks": (2, 8, 16), "compressors": _chains(fmt)[chain]}}
     ds.to_zarr(tmp_path / "xarray.zarr", zarr_format=fmt, encoding=enc)
-    ds.cupy.to_zarr(tmp_path / "engine.zarr", zarr_format=fmt, encoding=enc)
-    report = last_write()
+    with record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "engine.zarr", zarr_format=fmt, encoding=enc)
+    (report,) = reports
     assert report.arrays == ["v"] and report.encoder == "cpu" and report.chunks > 0
     assert_same_files(tmp_path / "xarray.zarr", tmp_path / "engine.zarr")
     want = xr.open_dataset(tmp_path / "xarray.zarr", engine="zarr").load()
@@ -94,8 +95,9 @@ def test_random_writes_match_xarray(tmp_path):
         enc = {"v": {"chunks": chunks, "compressors": chains[chain]}}
         a, b = tmp_path / f"a{case}.zarr", tmp_path / f"b{case}.zarr"
         ds.to_zarr(a, zarr_format=fmt, encoding=enc)
-        ds.cupy.to_zarr(b, zarr_format=fmt, encoding=enc)
-        assert last_write().chunks + last_write().empty > 0, (fmt, chain, shape, chunks, dtype)
+        with record_writes() as reports:
+            ds.cupy.to_zarr(b, zarr_format=fmt, encoding=enc)
+        assert reports[0].chunks + reports[0].empty > 0, (fmt, chain, shape, chunks, dtype)
         assert_same_files(a, b)
 
 
@@ -120,8 +122,9 @@ def test_what_the_engine_does_not_encode_is_written_by_xarray(tmp_path):
         "scaled": {"compressors": zarr.codecs.GzipCodec(level=1)},
     }
     ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
-    ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
-    assert "v" not in last_write().arrays and "scaled" not in last_write().arrays
+    with record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    assert "v" not in reports[0].arrays and "scaled" not in reports[0].arrays
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
 
 
@@ -208,8 +211,9 @@ def test_gpu_data_written_reads_back_bitwise(tmp_path, fmt, chain, dtype):
     ds = _dataset(dtype, shape=(9, 64, 96))
     enc = {"v": {"chunks": (2, 32, 40), "compressors": _chains(fmt)[chain]}}
     gds = ds.cupy.as_cupy()
-    gds.cupy.to_zarr(tmp_path / "g.zarr", zarr_format=fmt, encoding=enc)
-    report = last_write()
+    with record_writes() as reports:
+        gds.cupy.to_zarr(tmp_path / "g.zarr", zarr_format=fmt, encoding=enc)
+    (report,) = reports
     uses_gpu = chain != "zstd-checksum"
     assert report.arrays == ["v"] and report.encoder == ("gpu" if uses_gpu else "cpu"), str(report)
     ds.to_zarr(tmp_path / "x.zarr", zarr_format=fmt, encoding=enc)

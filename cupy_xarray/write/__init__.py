@@ -6,6 +6,6 @@ CPU threads, nvCOMP on the GPU).
 """
 
 from .chunks import WriteReport
-from .dataset import last_write, to_zarr
+from .dataset import record_writes, to_zarr
 
-__all__ = ["WriteReport", "last_write", "to_zarr"]
+__all__ = ["WriteReport", "record_writes", "to_zarr"]

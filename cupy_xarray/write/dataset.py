@@ -11,6 +11,8 @@ xarray from host copies, chunk by chunk for dask arrays.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,27 @@ _TRANSFORMS = {
     *("scale_factor", "add_offset", "dtype", "missing_value", "units", "calendar", "shards", "filters")
 }
 
-_last_report: list[WriteReport] = []
+_recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
+
+
+@contextlib.contextmanager
+def record_writes():
+    """Collect the :class:`~cupy_xarray.write.WriteReport` of every ``.cupy.to_zarr`` made
+    inside the block (in this thread or task): arrays whose chunks the engine wrote, the
+    encoder (``"gpu"``: nvCOMP, ``"cpu"``: CPU threads), chunks written and left out, bytes.
+
+    Examples
+    --------
+    >>> with cupy_xarray.record_writes() as reports:  # doctest: +SKIP
+    ...     ds.cupy.to_zarr("out.zarr")
+    >>> print(reports[-1])  # doctest: +SKIP
+    """
+    reports: list[WriteReport] = []
+    token = _recorders.set(reports)
+    try:
+        yield reports
+    finally:
+        _recorders.reset(token)
 
 
 def _local_root(store: Any) -> Path | None:
@@ -180,7 +202,9 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
         if encoder is cpu and xp is not np:
             data, xp = data.get(), np
         write_array(root, name, data, xp, encoder, threads, report)
-    _last_report[:] = [report]
+    recorded = _recorders.get()
+    if recorded is not None:
+        recorded.append(report)
     if lazy:  # xarray writes these from host copies (block by block), into the arrays made above
         part = xr.Dataset({n: _host(ds[n].variable) for n in lazy})
         sub = {k: v for k, v in kwargs.items() if k in ("zarr_format", "zarr_version")}
@@ -225,7 +249,3 @@ def _threads() -> int:
 
     return get_options().host_decode_threads()
 
-
-def last_write() -> WriteReport | None:
-    """The report of this process's last engine write (arrays, chunks, bytes), or None."""
-    return _last_report[0] if _last_report else None
