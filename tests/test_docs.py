@@ -18,6 +18,7 @@ USER_PAGES = [ROOT / "README.md"] + [
         "getting-started",
         "accessor",
         "engine",
+        "writing",
         "remote",
         "performance",
         "troubleshooting",
