@@ -55,6 +55,8 @@ def _empty(xp: Any, block: Any, fill: Any) -> Any:
 def _raw(xp: Any, block: Any, shape: tuple[int, ...], fill: Any, recipe: Recipe) -> Any:
     """A chunk's element bytes, 1-D uint8: edge chunks padded with the fill value to the whole
     chunk shape (as zarr-python writes them), in the recipe's element and byte order."""
+    if not block.dtype.isnative:  # host data in the other byte order: swapped below if stored so
+        block = block.astype(block.dtype.newbyteorder("="))
     if block.shape != shape:
         full = xp.full(shape, fill, dtype=block.dtype)
         full[tuple(slice(0, n) for n in block.shape)] = block

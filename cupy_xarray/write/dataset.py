@@ -248,4 +248,3 @@ def _threads() -> int:
     from ..options import get_options
 
     return get_options().host_decode_threads()
-

@@ -22,17 +22,31 @@ class Unsupported(Exception):
 @dataclass(frozen=True)
 class Recipe:
     """What turns a chunk's elements into its file: byte order and element order, an optional
-    zstd frame, an optional crc32c after it."""
+    compressor (a zstd frame, or another numcodecs codec CPU threads run), an optional crc32c
+    after it."""
 
     big_endian: bool = False
     order: str = "C"
-    zstd_level: int | None = None  # None: no compressor
+    zstd_level: int | None = None  # None: no zstd
     zstd_checksum: bool = False
     crc32c: bool = False
+    #: another compressor (Blosc, LZ4, gzip ...): the numcodecs codec zarr-python encodes with
+    host_codec: Any = None
+    #: zarr v2 hands its compressor the chunk as an array of its dtype (Blosc's typesize)
+    typed: Any = None
 
     @property
     def compressed(self) -> bool:
-        return self.zstd_level is not None
+        return self.zstd_level is not None or self.host_codec is not None
+
+
+def _numcodecs_of(codec: Any) -> Any:
+    """The numcodecs codec a zarr v3 bytes-to-bytes codec encodes with, or None."""
+    for attr in ("_blosc_codec", "_gzip_codec", "_codec"):
+        inner = getattr(codec, attr, None)
+        if inner is not None and hasattr(inner, "encode"):
+            return inner
+    return None
 
 
 def recipe_of(meta: Any) -> Recipe:
@@ -44,12 +58,17 @@ def recipe_of(meta: Any) -> Recipe:
         if meta.filters:
             raise Unsupported("v2 filters")
         comp = meta.compressor
-        big = meta.dtype.byteorder == ">" if hasattr(meta.dtype, "byteorder") else False
+        stored = np.dtype(
+            meta.dtype.to_native_dtype() if hasattr(meta.dtype, "to_native_dtype") else meta.dtype
+        )
+        big = stored.byteorder == ">"
         if comp is None:
             return Recipe(big_endian=big, order=meta.order)
         if isinstance(comp, numcodecs.Zstd):
             cfg = comp.get_config()
             return Recipe(big, meta.order, int(cfg.get("level", 0)), bool(cfg.get("checksum", False)))
+        if hasattr(comp, "encode"):
+            return Recipe(big, meta.order, host_codec=comp, typed=stored)
         raise Unsupported(f"compressor {comp!r}")
     import zarr
 
@@ -59,16 +78,21 @@ def recipe_of(meta: Any) -> Recipe:
         raise Unsupported(f"first codec {first!r}")
     endian = getattr(first.endian, "value", first.endian)  # an Enum in zarr 3.1, a str in 3.4
     big = endian == "big"
-    level, checksum, crc = None, False, False
+    level, checksum, crc, other = None, False, False, None
     if codecs and isinstance(codecs[0], zarr.codecs.ZstdCodec):
         level, checksum = int(codecs[0].level), bool(codecs[0].checksum)
+        codecs.pop(0)
+    elif codecs and not isinstance(codecs[0], zarr.codecs.Crc32cCodec):
+        other = _numcodecs_of(codecs[0])
+        if other is None:
+            raise Unsupported(f"codec {codecs[0]!r}")
         codecs.pop(0)
     if codecs and isinstance(codecs[0], zarr.codecs.Crc32cCodec):
         crc = True
         codecs.pop(0)
     if codecs:
         raise Unsupported(f"codecs {codecs!r}")
-    return Recipe(big, "C", level, checksum, crc)
+    return Recipe(big, "C", level, checksum, crc, other)
 
 
 def _with_crc32c(encoded: bytes | np.ndarray) -> np.ndarray:
@@ -96,12 +120,15 @@ class CPUEncoder:
         """Each chunk's file bytes (``raws``: 1-D uint8 arrays of its elements' bytes)."""
         import numcodecs
 
-        codec = None
-        if recipe.compressed:
+        codec = recipe.host_codec
+        if recipe.zstd_level is not None:
             codec = numcodecs.Zstd(level=recipe.zstd_level, checksum=recipe.zstd_checksum)
 
         def one(raw: np.ndarray) -> np.ndarray:
-            out = np.frombuffer(codec.encode(raw), np.uint8) if codec is not None else raw
+            out = raw
+            if codec is not None:
+                typed = raw.view(recipe.typed) if recipe.typed is not None else raw
+                out = numcodecs.compat.ensure_ndarray(codec.encode(typed)).view(np.uint8).reshape(-1)
             return _with_crc32c(out) if recipe.crc32c else out
 
         if len(raws) == 1 or self.threads == 1:
@@ -126,7 +153,7 @@ class GPUEncoder:
     def supports(self, recipe: Recipe, chunk_bytes: int = 0) -> bool:
         if not recipe.compressed:
             return True
-        if recipe.zstd_checksum or chunk_bytes > self.max_chunk_bytes:
+        if recipe.host_codec is not None or recipe.zstd_checksum or chunk_bytes > self.max_chunk_bytes:
             return False
         return self._nvcomp() is not None
 
