@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from .device import CONVERT_HINT, is_cupy_array, require_gpu
+from .device import CONVERT_HINT, host_copy, is_cupy_array, is_dask_array, require_gpu
 
 
 def _is_dask(data: Any) -> bool:
-    return type(data).__module__.startswith("dask") and hasattr(data, "_meta")
+    return is_dask_array(data)
 
 
 def _data_is_cupy(var: xr.Variable) -> bool:
@@ -37,17 +37,6 @@ def _to_cupy(data: Any) -> Any:
         meta = cupy.empty((0,) * data.ndim, dtype=data.dtype)
         return data.map_blocks(cupy.asarray, dtype=data.dtype, meta=meta)
     return cupy.asarray(data)
-
-
-def _block_to_host(block: Any) -> np.ndarray:
-    return block.get() if is_cupy_array(block) else np.asarray(block)
-
-
-def _to_numpy(data: Any) -> Any:
-    if _is_dask(data):
-        meta = np.empty((0,) * data.ndim, dtype=data.dtype)
-        return data.map_blocks(_block_to_host, dtype=data.dtype, meta=meta)
-    return np.array(_block_to_host(data), copy=True)
 
 
 def _convert_var(var: xr.Variable, fn) -> xr.Variable:
@@ -88,11 +77,11 @@ class CupyDataArrayAccessor:
         """A new DataArray with its data (and coordinates) in host memory."""
         da = self._da
         data = da.variable._data if _is_dask(da.variable._data) else da.data
-        out = da.copy(deep=False, data=_to_numpy(data))
+        out = da.copy(deep=False, data=host_copy(data))
         for name, coord in da.coords.items():
             cdata = coord.variable._data
             if name not in da.indexes and (is_cupy_array(cdata) or _is_dask(cdata)):
-                out = out.assign_coords({name: _convert_var(coord.variable, _to_numpy)})
+                out = out.assign_coords({name: _convert_var(coord.variable, host_copy)})
         return out
 
     def get(self) -> np.ndarray:
@@ -193,7 +182,7 @@ class CupyDatasetAccessor:
 def _host_dataset(ds: xr.Dataset) -> xr.Dataset:
     """``ds`` with its GPU data (data variables and coordinates) in host memory, lazily for dask."""
     changes = {
-        name: _convert_var(var, _to_numpy)
+        name: _convert_var(var, host_copy)
         for name, var in ds.variables.items()
         if name not in ds.indexes and (_is_dask(var._data) or is_cupy_array(var._data))
     }

@@ -94,6 +94,22 @@ def is_cupy_array(x: Any) -> bool:
     return type(x).__module__.startswith("cupy") and hasattr(x, "__cuda_array_interface__")
 
 
+def is_dask_array(x: Any) -> bool:
+    return type(x).__module__.startswith("dask") and hasattr(x, "_meta")
+
+
+def _block_to_host(block: Any) -> np.ndarray:
+    return block.get() if is_cupy_array(block) else np.asarray(block)
+
+
+def host_copy(data: Any) -> Any:
+    """``data`` in host memory: a NumPy copy, or for a dask array, lazily, block by block."""
+    if is_dask_array(data):
+        meta = np.empty((0,) * data.ndim, dtype=data.dtype)
+        return data.map_blocks(_block_to_host, dtype=data.dtype, meta=meta)
+    return np.array(_block_to_host(data), copy=True)
+
+
 def array_namespace(x: Any):
     """``cupy`` for cupy arrays, ``numpy`` for everything else."""
     if is_cupy_array(x):

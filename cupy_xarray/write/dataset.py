@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ..device import host_copy, is_dask_array
 from .chunks import WriteReport, chunk_shape, write_array
 from .encoders import CPUEncoder, GPUEncoder, Unsupported, recipe_of
 
@@ -63,7 +64,7 @@ def _local_root(store: Any) -> Path | None:
 
 
 def _is_dask(data: Any) -> bool:
-    return type(data).__module__.startswith("dask") and hasattr(data, "_meta")
+    return is_dask_array(data)
 
 
 def _on_gpu(data: Any) -> bool:
@@ -74,11 +75,9 @@ def _on_gpu(data: Any) -> bool:
 
 def _host(var: xr.Variable) -> xr.Variable:
     """The variable with its data in host memory (lazily, block by block, for dask)."""
-    from ..accessors import _to_numpy
-
     data = var._data
     if _is_dask(data) or _on_gpu(data):
-        return var.copy(deep=False, data=_to_numpy(data))
+        return var.copy(deep=False, data=host_copy(data))
     return var
 
 
