@@ -34,7 +34,7 @@ RATES = {k: v for k, v in sch.DEFAULT_RATES.items()}
     [
         (("zstd",), "does not report damaged frames", "off"),  # no decoder process: kept off nvCOMP
         (("lz4",), "liblz4", "auto"),
-        (("blosc-zstd",), "damaged", "auto"),  # Blosc's streams decode in this process
+        (("blosc-zstd",), "c-blosc", "auto"),  # faster there than its many streams in the decoder process
     ],
 )
 def test_auto_keeps_unsafe_or_slow_streams_on_cpu_threads(codecs, why, decoder_process, options):
@@ -54,7 +54,18 @@ def test_unproven_zstd_goes_to_the_decoder_process_by_cost():
     assert one == ["host"]  # a one-chunk selection keeps its CPU route
     assert sch.in_decoder_process(("zstd",), SimpleNamespace(name="cpu"), "auto") is False
     assert sch.isolable(("zstd",)) and sch.isolable(("gzip",))
-    assert not sch.isolable(("crc32c", "zstd")) and not sch.isolable(("blosc-zstd",))
+    assert not sch.isolable(("crc32c", "zstd")) and not sch.isolable(("blosc-lz4",))
+
+
+def test_blosc_zstd_streams_go_to_the_decoder_process_where_nvcomp_decodes_them(options):
+    """Blosc's zstd blocks are frames nvCOMP may fault on, as a zstd chunk is: with
+    decode='gpu' they decode in the decoder process (on the CPU, as CI runs it, with
+    decoder_process='on'); decode='auto' keeps them on CPU threads, which are faster."""
+    assert sch.isolable(("blosc-zstd",)) and not sch.isolable(("crc32c", "blosc-zstd"))
+    options(decoder_process="on")
+    assert sch.in_decoder_process(("blosc-zstd",), SimpleNamespace(name="cpu"), "gpu")
+    routes, d = Scheduler(RATES).routes(_tasks(("blosc-zstd",), 500), GPU, "gpu")
+    assert set(routes) == {"batch"} and d.gpu == 500
 
 
 @pytest.mark.parametrize("codecs", [("gzip",), ("zlib",), ("blosc-lz4",), ("crc32c", "zstd")])
