@@ -290,3 +290,18 @@ def test_gpu_zstd_frames_are_what_zstd_readers_decode(tmp_path):
     reference = sum(p.stat().st_size for p in _files(tmp_path / "x.zarr" / "v").values())
     assert stored < 1.5 * reference, (stored, reference)  # compressed, not stored raw
     assert cupy.cuda.runtime.getDeviceCount() >= 1
+
+
+def test_a_dataset_read_from_a_store_is_written_by_the_engine(tmp_path):
+    """What a store's read leaves in ``encoding`` (its dtype, chunks, codecs, shards=None, no
+    filters) is written as xarray writes it, by the engine."""
+    ds = _dataset()
+    enc = {"v": {"chunks": (2, 8, 16), "compressors": zarr.codecs.ZstdCodec(level=2)}}
+    ds.to_zarr(tmp_path / "in.zarr", encoding=enc)
+    loaded = xr.open_dataset(tmp_path / "in.zarr", engine="kvikio", device="cpu").load()
+    assert loaded.v.encoding.get("dtype") is not None and "shards" in loaded.v.encoding
+    loaded.to_zarr(tmp_path / "x.zarr")
+    with record_writes() as reports:
+        loaded.cupy.to_zarr(tmp_path / "e.zarr")
+    assert reports[0].arrays == ["v"]
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")

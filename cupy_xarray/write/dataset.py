@@ -24,12 +24,6 @@ from ..device import host_copy, is_dask_array
 from .chunks import WriteReport, chunk_shape, write_array
 from .encoders import CPUEncoder, GPUEncoder, Unsupported, recipe_of
 
-#: encoding keys that change the values written (scale, offset, another dtype ...) or the
-#: layout (sharding): such variables are written by xarray from a host copy
-_TRANSFORMS = {
-    *("scale_factor", "add_offset", "dtype", "missing_value", "units", "calendar", "shards", "filters")
-}
-
 _recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
 
 
@@ -89,10 +83,25 @@ def _fast(var: xr.Variable, encoding: dict) -> bool:
         return False
     if var.dtype.kind not in "biufc" or var.ndim == 0:
         return False
-    if _TRANSFORMS & (set(var.encoding) | set(encoding)):
-        return False
-    fill = encoding.get("_FillValue", var.encoding.get("_FillValue", var.attrs.get("_FillValue")))
-    return fill is None or (var.dtype.kind in "fc" and bool(np.isnan(fill)))
+    return not _transforms(var, {**var.encoding, **encoding})
+
+
+def _transforms(var: xr.Variable, enc: dict) -> bool:
+    """Whether an encoding changes the values xarray writes (a scale, an offset, another
+    dtype, a fill value on integers) or their layout (sharding, array-to-array filters): such
+    variables are written by xarray, from a host copy. An encoding read from a store (its
+    dtype, ``shards=None``, no filters) changes nothing."""
+    if any(enc.get(k) is not None for k in ("scale_factor", "add_offset", "missing_value")):
+        return True
+    if enc.get("dtype") is not None and np.dtype(enc["dtype"]) != var.dtype:
+        return True
+    if enc.get("shards") or enc.get("filters"):
+        return True
+    serializer = enc.get("serializer")
+    if serializer is not None and type(serializer).__name__ != "BytesCodec":
+        return True
+    fill = enc.get("_FillValue", var.attrs.get("_FillValue"))
+    return fill is not None and not (var.dtype.kind in "fc" and bool(np.isnan(fill)))
 
 
 def _chunks(var: xr.Variable, encoding: dict) -> tuple[int, ...]:
