@@ -265,3 +265,49 @@ def test_compressor_that_lies(tmp_path):
     )
     with pytest.raises(ChunkError, match="compressed with blosclz, the metadata says lz4"):
         read_arrays([(array_spec(arr), (slice(None),))], resolve_device("cpu"))
+
+
+def test_the_host_check_of_one_chunk_finds_what_the_layout_finds():
+    """``check_one`` (plain Python, for CPU threads) raises exactly what ``layout`` raises, or
+    nothing where it raises nothing, on valid and damaged chunks of every kind."""
+    from cupy_xarray.engine.decoders.blosc import BloscLayoutError, _check_vectorized, check_one
+
+    rng = np.random.default_rng(11)
+    kinds = [
+        dict(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE),
+        dict(cname="zstd", clevel=1, shuffle=numcodecs.Blosc.BITSHUFFLE),
+        dict(cname="lz4hc", clevel=3, shuffle=numcodecs.Blosc.NOSHUFFLE),
+        dict(cname="lz4", clevel=0, shuffle=numcodecs.Blosc.SHUFFLE),  # stored uncompressed
+        dict(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE, blocksize=1 << 12),
+    ]
+    outcomes = set()
+    for case in range(600):
+        kind = kinds[case % len(kinds)]
+        dtype = ["f4", "f8", "i2", "u1"][int(rng.integers(4))]
+        n = int(rng.integers(1, 40000))
+        data = (np.sin(np.arange(n) / 30) * 100).astype(dtype)
+        chunk = bytearray(numcodecs.Blosc(**kind).encode(data))
+        damage = int(rng.integers(5))
+        if damage == 1:  # bit flips anywhere
+            for _ in range(int(rng.integers(1, 4))):
+                chunk[int(rng.integers(len(chunk)))] ^= 1 << int(rng.integers(8))
+        elif damage == 2:  # header bytes
+            chunk[int(rng.integers(16))] = int(rng.integers(256))
+        elif damage == 3:  # truncated
+            chunk = chunk[: int(rng.integers(len(chunk)))]
+        elif damage == 4:  # block starts or stream sizes overwritten
+            at = int(rng.integers(16, max(len(chunk) - 4, 17)))
+            chunk[at : at + 4] = int(rng.integers(2**32)).to_bytes(4, "little")
+        src = np.frombuffer(bytes(chunk), np.uint8)
+        expected = data.nbytes
+        cname = kind["cname"] if kind["cname"] != "lz4hc" else "lz4"
+        found = []
+        for check in (check_one, _check_vectorized):
+            try:
+                check(src, expected, cname)
+                found.append(None)
+            except BloscLayoutError as exc:
+                found.append(str(exc))
+        assert found[0] == found[1], (case, kind, dtype, n, damage, found)
+        outcomes.add(found[0] is None)
+    assert outcomes == {True, False}  # both valid and refused chunks were seen
