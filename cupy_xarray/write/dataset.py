@@ -2,11 +2,11 @@
 
 xarray and zarr-python write the metadata (groups, arrays with their codecs, attributes, CF
 encoding, coordinates, consolidated metadata) exactly as ``Dataset.to_zarr`` does; the data of
-eager variables whose codec chain the engine encodes (uncompressed, zstd, crc32c) is then
-written chunk by chunk from where it lies (:mod:`.chunks`): on the GPU through nvCOMP, on the
-host through numcodecs on CPU threads. Everything else (dask arrays, CF transforms of the
-values, other codecs, remote stores, ``region``/``append_dim``/``mode="a"``) is written by
-xarray from host copies, chunk by chunk for dask arrays.
+eager numeric variables is then written chunk by chunk from where it lies (:mod:`.chunks`):
+uncompressed and zstd chunks of GPU data through nvCOMP, every other compressor and host data
+through numcodecs on CPU threads. Everything else (dask arrays, CF transforms of the values,
+filters, sharding, remote stores, groups, ``region``/``append_dim``/``mode="a"``) is written by
+xarray from host copies, block by block for dask arrays.
 """
 
 from __future__ import annotations
@@ -198,13 +198,13 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     gpu, cpu = GPUEncoder(threads), CPUEncoder(threads)
     for name in fast:
         data = ds[name].variable._data
+        meta = _meta(root, name)
         try:
-            recipe = recipe_of(_meta(root, name))
+            recipe = recipe_of(meta)
         except Unsupported:
             lazy.append(name)  # another codec chain: zarr-python encodes it, below
             continue
         xp = _xp(data)
-        meta = _meta(root, name)
         chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
         encoder = gpu if xp is not np and gpu.supports(recipe, chunk_bytes) else cpu
         if encoder is cpu and xp is not np:
