@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -20,7 +21,12 @@ def make_dataset(ntime: int = 120, nlat: int = 25, nlon: int = 53) -> xr.Dataset
     la = np.deg2rad(lat)[None, :, None]
     lo = np.deg2rad(lon)[None, None, :]
     air = 273.15 + 30 * np.cos(la) - 10 * np.cos(2 * np.pi * t / 4) * np.sin(la) + 5 * np.sin(3 * lo)
-    ds = xr.Dataset(
+    return _air_dataset(time, lat, lon, air, "synthetic air temperature (cupy-xarray sample)")
+
+
+def _air_dataset(time: Any, lat: np.ndarray, lon: np.ndarray, air: np.ndarray, title: str) -> xr.Dataset:
+    """``air`` (float32, with CF attributes) over time, lat and lon."""
+    return xr.Dataset(
         {
             "air": (
                 ("time", "lat", "lon"),
@@ -33,9 +39,8 @@ def make_dataset(ntime: int = 120, nlat: int = 25, nlon: int = 53) -> xr.Dataset
             "lat": ("lat", lat, {"units": "degrees_north"}),
             "lon": ("lon", lon, {"units": "degrees_east"}),
         },
-        attrs={"title": "synthetic air temperature (cupy-xarray sample)"},
+        attrs={"title": title},
     )
-    return ds
 
 
 def air_temperature(ntime: int = 2920, nlat: int = 25, nlon: int = 53, seed: int = 0) -> xr.Dataset:
@@ -65,21 +70,7 @@ def air_temperature(ntime: int = 2920, nlat: int = 25, nlon: int = 53, seed: int
     latitude = 300 - 0.6 * (lat[None, :, None] - 15)
     rng = np.random.default_rng(seed)
     air = latitude - seasonal * (lat[None, :, None] / 75) + rng.normal(0, 1.5, (ntime, nlat, nlon))
-    return xr.Dataset(
-        {
-            "air": (
-                ("time", "lat", "lon"),
-                air.astype("float32"),
-                {"long_name": "4xDaily Air temperature at sigma level 995", "units": "degK"},
-            )
-        },
-        coords={
-            "time": time,
-            "lat": ("lat", lat, {"units": "degrees_north"}),
-            "lon": ("lon", lon, {"units": "degrees_east"}),
-        },
-        attrs={"title": "synthetic 4x daily NMC reanalysis (air temperature)"},
-    )
+    return _air_dataset(time, lat, lon, air, "synthetic 4x daily NMC reanalysis (air temperature)")
 
 
 def write_sample(path: str | os.PathLike = SAMPLE) -> Path:

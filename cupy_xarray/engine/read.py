@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import OutOfMemoryError
 from ..options import Options
+from .notes import collecting, file
 from .plan import output_shape
 from .schedule import Decision, Scheduler
 from .spec import ArraySpec
@@ -93,12 +94,8 @@ def record_reads():
     ...     ds.load()
     >>> print(reports[-1])  # doctest: +SKIP
     """
-    reports: list[ReadReport] = []
-    token = _recorders.set(reports)
-    try:
+    with collecting(_recorders) as reports:
         yield reports
-    finally:
-        _recorders.reset(token)
 
 
 class Clock:
@@ -213,9 +210,7 @@ class Read:
         report.phases = dict(self.clock.stats)
         report.crowded = self.clock.crowded
         report.nbytes = sum(int(getattr(o, "nbytes", 0)) for o in self.outs if o is not None)
-        reports = _recorders.get()
-        if reports is not None:
-            reports.append(report)
+        file(_recorders, report)
 
 
 def progress_bytes(tasks: list) -> int:

@@ -21,6 +21,7 @@ import numpy as np
 import xarray as xr
 
 from ..device import host_copy, is_dask_array
+from ..engine.notes import collecting, file
 from .chunks import WriteReport, chunk_shape, write_array
 from .encoders import CPUEncoder, GPUEncoder, Unsupported, recipe_of
 
@@ -39,12 +40,8 @@ def record_writes():
     ...     ds.cupy.to_zarr("out.zarr")
     >>> print(reports[-1])  # doctest: +SKIP
     """
-    reports: list[WriteReport] = []
-    token = _recorders.set(reports)
-    try:
+    with collecting(_recorders) as reports:
         yield reports
-    finally:
-        _recorders.reset(token)
 
 
 def _local_root(store: Any) -> Path | None:
@@ -57,10 +54,6 @@ def _local_root(store: Any) -> Path | None:
     return None
 
 
-def _is_dask(data: Any) -> bool:
-    return is_dask_array(data)
-
-
 def _on_gpu(data: Any) -> bool:
     from ..device import is_cupy_array
 
@@ -70,7 +63,7 @@ def _on_gpu(data: Any) -> bool:
 def _host(var: xr.Variable) -> xr.Variable:
     """The variable with its data in host memory (lazily, block by block, for dask)."""
     data = var._data
-    if _is_dask(data) or _on_gpu(data):
+    if is_dask_array(data) or _on_gpu(data):
         return var.copy(deep=False, data=host_copy(data))
     return var
 
@@ -79,7 +72,7 @@ def _fast(var: xr.Variable, encoding: dict) -> bool:
     """Whether the engine may write a variable's chunks itself: eager numeric data whose
     values xarray writes as they are (``encoding``: what ``encoding=`` gives the variable)."""
     data = var._data
-    if _is_dask(data) or not (_on_gpu(data) or isinstance(data, np.ndarray)):
+    if is_dask_array(data) or not (_on_gpu(data) or isinstance(data, np.ndarray)):
         return False
     if var.dtype.kind not in "biufc" or var.ndim == 0:
         return False
@@ -181,12 +174,12 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     simple = _simple(root, kwargs)
     encodings = kwargs.get("encoding") or {}
     fast = [n for n, v in ds.data_vars.items() if simple and _fast(v.variable, encodings.get(n, {}))]
-    lazy = [n for n, v in ds.data_vars.items() if simple and _is_dask(v.variable._data)]
+    lazy = [n for n, v in ds.data_vars.items() if simple and is_dask_array(v.variable._data)]
     changes = {}
     for name, var in ds.variables.items():
         if name in fast:
             changes[name] = _placeholder(var, encodings.get(name, {}))
-        elif _is_dask(var._data) or _on_gpu(var._data):
+        elif is_dask_array(var._data) or _on_gpu(var._data):
             changes[name] = _host(var)  # dask: its write in the template's is dropped, redone below
     template = ds.assign(changes) if changes else ds
     if not simple:
@@ -210,9 +203,7 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
         if encoder is cpu and xp is not np:
             data, xp = data.get(), np
         write_array(root, name, data, xp, encoder, threads, report)
-    recorded = _recorders.get()
-    if recorded is not None:
-        recorded.append(report)
+    file(_recorders, report)
     if lazy:  # xarray writes these from host copies (block by block), into the arrays made above
         part = xr.Dataset({n: _host(ds[n].variable) for n in lazy})
         sub = {k: v for k, v in kwargs.items() if k in ("zarr_format", "zarr_version")}

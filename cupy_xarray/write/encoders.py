@@ -96,12 +96,13 @@ def recipe_of(meta: Any) -> Recipe:
 
 
 def _with_crc32c(encoded: bytes | np.ndarray) -> np.ndarray:
-    import google_crc32c
+    """``encoded`` and the little-endian CRC-32C zarr's ``crc32c`` codec appends."""
+    from ..engine.decoders import crc32c
 
     buf = np.frombuffer(encoded, np.uint8) if not isinstance(encoded, np.ndarray) else encoded
     out = np.empty(len(buf) + 4, np.uint8)
     out[:-4] = buf
-    out[-4:] = np.frombuffer(np.uint32(google_crc32c.value(buf.tobytes())).astype("<u4").tobytes(), np.uint8)
+    out[-4:] = np.frombuffer(crc32c.value(buf).to_bytes(4, "little"), np.uint8)
     return out
 
 
