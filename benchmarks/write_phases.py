@@ -1,37 +1,48 @@
-"""Where a GPU write's time goes: the stages of ``ds.cupy.to_zarr`` for zstd, each alone.
+"""Where a GPU write's time goes: ``ds.cupy.to_zarr`` beside its stages alone, one run.
 
 Usage (GPU machine): ``python benchmarks/write_phases.py --size-gib 4``
 
-On a float32 ``(T, 2048, 2048)`` field in 4 MiB tiles: the tiles made contiguous; nvCOMP's zstd
-compression of all of them in one call and in calls of 256; the compressed bytes copied to the
-host; the files written by 16 threads; and the whole engine write, best of three each.
+A float32 ``(T, 2048, 2048)`` field of smooth data in 4 MiB tiles ``(4, 512, 512)``, zstd-1
+(and LZ4 with ``--codec lz4``). Stages alone, best of three:
+
+- nvCOMP alone: every tile already contiguous in device memory, compressed by the writer's
+  C-API encoder in one call, and in calls of 128 to 1,024 tiles;
+- files alone: the same number of files of the compressed size written by the writer's
+  threads (temporary names renamed into place) into a fresh directory;
+- the engine's whole write into a fresh directory at several batch sizes
+  (``encoders.GPU_BATCH_CHUNKS``), with its report: time waiting for the encoder and for
+  files, device memory its batches held.
+
+Directories are deleted outside the timed part (a write with ``mode="w"`` over an existing
+store also pays the deletion).
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
-from read_throughput import smooth_field
+from read_throughput import PeakGPUMemory, smooth_field
 
 TILE = (4, 512, 512)
 
 
-def best(fn, repeat: int = 3) -> float:
+def best(fn, before=None, repeat: int = 3) -> float:
     import cupy
 
-    fn()
     times = []
-    for _ in range(repeat):
+    for i in range(repeat + 1):
+        if before is not None:
+            before()
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
         fn()
         cupy.cuda.Device().synchronize()
-        times.append(time.perf_counter() - t0)
+        if i:  # the first run warms up
+            times.append(time.perf_counter() - t0)
     return min(times)
 
 
@@ -39,73 +50,82 @@ def main() -> None:
     import cupy
     import xarray as xr
     import zarr
-    from nvidia import nvcomp
+    from zarr.codecs import numcodecs as zn
 
-    from cupy_xarray.write.encoders import _to_host
+    from cupy_xarray import record_writes
+    from cupy_xarray.options import get_options
+    from cupy_xarray.write import chunks, encoders
+    from cupy_xarray.write.nvcomp import batched_encoder
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-gib", type=float, default=4.0)
     ap.add_argument("--dir", default="/tmp/wphases")
+    ap.add_argument("--codec", default="zstd", choices=["zstd", "lz4"])
+    ap.add_argument("--batches", default="128,256,512,1024")
     args = ap.parse_args()
     t = max(4, int(args.size_gib * 2**30 / (2048 * 2048 * 4)) // 4 * 4)
     field = cupy.asarray(smooth_field((t, 2048, 2048)))
     gb = field.nbytes / 1e9
-    grid = [(i, j, k) for i in range(t // 4) for j in range(4) for k in range(4)]
+    n = field.size * 4 // (4 * 512 * 512 * 4)
+    tile_bytes = int(np.prod(TILE)) * 4
+    tiles = cupy.ascontiguousarray(
+        field.reshape(t // 4, 4, 4, 512, 4, 512).transpose(0, 2, 4, 1, 3, 5)
+    ).reshape(n, tile_bytes // 4)
+    rows = tiles.view(cupy.uint8)
+    algo = {"zstd": "Zstd", "lz4": "LZ4"}[args.codec]
+    enc = batched_encoder(algo)
+    print(f"{gb:.2f} GB float32 in {n} tiles of 4 MiB, {args.codec}, {get_options().host_decode_threads()} threads")
+    out: dict = {}
 
-    def tiles():
-        return [
-            cupy.ascontiguousarray(field[i * 4 : i * 4 + 4, j * 512 : j * 512 + 512, k * 512 : k * 512 + 512])
-            .reshape(-1)
-            .view(cupy.uint8)
-            for i, j, k in grid
-        ]
-
-    raws = tiles()
-    codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
-    out = {}
-
-    def encode(per):
+    def nvcomp_alone(per):
         def run():
-            encoded = []
-            for s in range(0, len(raws), per):
-                encoded += codec.encode(nvcomp.as_arrays(raws[s : s + per]))
-            cupy.cuda.Device().synchronize()
-            out["encoded"] = encoded
+            stream = cupy.cuda.get_current_stream()
+            jobs = [enc.compress(rows[s : s + per], tile_bytes, stream) for s in range(0, n, per)]
+            stream.synchronize()
+            out["sizes"] = np.concatenate([j.sizes.get() for j in jobs])
 
         return run
 
+    for per in (n, *(int(b) for b in args.batches.split(",") if int(b) < n)):
+        s = best(nvcomp_alone(per))
+        print(f"  nvCOMP alone, calls of {per:<5} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s", flush=True)
+    sizes = out["sizes"].astype(np.int64)
+    print(f"  compressed {sizes.sum() / 2**20:.0f} MiB, ratio {field.nbytes / sizes.sum():.2f}")
+
     root = Path(args.dir)
-    pool = cf.ThreadPoolExecutor(16)
+    blob = np.random.default_rng(0).integers(0, 255, int(sizes.max()), dtype=np.uint8)
 
-    def to_host():
-        out["host"] = _to_host([cupy.asarray(e).view(cupy.uint8).reshape(-1) for e in out["encoded"]])
+    def fresh(path):
+        return lambda: (shutil.rmtree(path, ignore_errors=True), path.mkdir(parents=True))
 
-    def write_files():
-        shutil.rmtree(root, ignore_errors=True)
-        root.mkdir(parents=True)
-        list(pool.map(lambda a: (root / str(a[0])).write_bytes(memoryview(a[1])), enumerate(out["host"])))
+    def files_alone():
+        files = chunks._Files(root / "files", get_options().host_decode_threads(), crc32c=False)
+        for i, m in enumerate(sizes.tolist()):
+            files.put(f"c/{i // 16}/{i // 4 % 4}/{i % 4}", blob[:m])
+        files.wait()
+        files.close()
+
+    s = best(files_alone, fresh(root / "files"))
+    print(f"  files alone ({n}, compressed sizes)  {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s", flush=True)
 
     ds = xr.Dataset({"field": (("t", "y", "x"), field)})
-    enc = {"field": {"chunks": TILE, "compressors": zarr.codecs.ZstdCodec(level=1)}}
-
-    def engine():
-        ds.cupy.to_zarr(root.with_suffix(".zarr"), mode="w", encoding=enc)
-
-    stages = {
-        "tiles made contiguous": tiles,
-        "nvCOMP zstd, one call": encode(len(raws)),
-        "nvCOMP zstd, calls of 256": encode(256),
-        "copy to the host": to_host,
-        "files written (16 threads)": write_files,
-        "engine write, whole": engine,
-    }
-    print(f"{gb:.2f} GB float32 in {len(grid)} tiles of 4 MiB")
-    for label, fn in stages.items():
-        s = best(fn)
-        print(f"  {label:<28} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s", flush=True)
-    stored = sum(len(h) for h in out["host"])
-    print(f"  compressed: {stored / 2**20:.0f} MiB, ratio {field.nbytes / stored:.2f}")
-    np.testing.assert_equal(len(out["host"]), len(grid))
+    codec = zarr.codecs.ZstdCodec(level=1) if args.codec == "zstd" else zn.LZ4()
+    encoding = {"field": {"chunks": TILE, "compressors": codec}}
+    target = root / "engine.zarr"
+    for per in [int(b) for b in args.batches.split(",")]:
+        encoders.GPU_BATCH_CHUNKS = per
+        with PeakGPUMemory() as mem:
+            with record_writes() as reports:
+                s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, True))
+        r = reports[-1]
+        print(
+            f"  engine, batches of {per:<5} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   "
+            f"(last: {r.batches} batches, encoder wait {r.encode_wait_s * 1e3:.0f} ms, file wait "
+            f"{r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; batches held "
+            f"{r.device_bytes / 2**30:.2f} GiB, peak GPU {mem.used / field.nbytes:.2f}x data)",
+            flush=True,
+        )
+    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

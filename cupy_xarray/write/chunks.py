@@ -7,7 +7,9 @@ reads as what it was not."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,15 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from .encoders import Recipe, recipe_of
+from .encoders import EncodeError, Pending, Recipe, recipe_of
 
-#: bytes of decoded chunks encoded in one batch (one nvCOMP call on the GPU)
+#: bytes of chunks a batch holds in host memory (data on the host, or encoded by CPU threads)
 BATCH_BYTES = 1 << 30
 
 
 @dataclass
 class WriteReport:
-    """What a write did: arrays, chunks written and left out (fill value only), bytes."""
+    """What a write did: arrays, chunks written and left out (fill value only), bytes, the
+    batches, the device memory they held at most, and where the time went."""
 
     arrays: list[str] = field(default_factory=list)
     encoder: str = ""
@@ -31,12 +34,21 @@ class WriteReport:
     empty: int = 0
     nbytes: int = 0
     stored: int = 0
+    batches: int = 0
+    #: device memory the batches in flight held at most (chunks, compressed slots, scratch)
+    device_bytes: int = 0
+    #: seconds writing chunks; of them, waiting for encoders and for files being written
+    seconds: float = 0.0
+    encode_wait_s: float = 0.0
+    file_wait_s: float = 0.0
 
     def __str__(self) -> str:
         return (
             f"write of {', '.join(self.arrays) or 'nothing'} ({self.encoder}): {self.chunks} chunks, "
             f"{self.empty} left out (fill value only), {self.nbytes / 2**20:.1f} MiB -> "
-            f"{self.stored / 2**20:.1f} MiB"
+            f"{self.stored / 2**20:.1f} MiB in {self.batches} batch(es), {self.seconds:.3f} s "
+            f"(waited {self.encode_wait_s:.3f} s for encoders, {self.file_wait_s:.3f} s for files), "
+            f"device memory {self.device_bytes / 2**20:.0f} MiB"
         )
 
 
@@ -45,50 +57,106 @@ def chunk_shape(meta: Any) -> tuple[int, ...]:
     return tuple(grid.chunk_shape) if grid is not None else tuple(meta.chunks)
 
 
-def _empty(xp: Any, block: Any, fill: Any) -> Any:
-    """A 0-d boolean (on the block's device): does the block hold only the fill value?"""
-    if block.dtype.kind in "fc" and np.isnan(fill):
-        return xp.isnan(block).all()
-    return (block == xp.asarray(fill, dtype=block.dtype)).all()
-
-
-def _raw(xp: Any, block: Any, shape: tuple[int, ...], fill: Any, recipe: Recipe) -> Any:
-    """A chunk's element bytes, 1-D uint8: edge chunks padded with the fill value to the whole
-    chunk shape (as zarr-python writes them), in the recipe's element and byte order."""
-    if not block.dtype.isnative:  # host data in the other byte order: swapped below if stored so
-        block = block.astype(block.dtype.newbyteorder("="))
+def _gather(xp: Any, row: Any, block: Any, shape: tuple[int, ...], fill: Any, native: np.dtype) -> None:
+    """Put a chunk's elements in C order into ``row`` (uint8): edge chunks padded with the fill
+    value to the whole chunk shape, as zarr-python writes them."""
+    slot = row.view(native).reshape(shape)
     if block.shape != shape:
-        full = xp.full(shape, fill, dtype=block.dtype)
-        full[tuple(slice(0, n) for n in block.shape)] = block
-        block = full
-    block = xp.ascontiguousarray(block.T if recipe.order == "F" else block)
-    raw = block.reshape(-1).view(xp.uint8)
-    size = block.dtype.itemsize
+        slot[...] = fill
+        slot = slot[tuple(slice(0, n) for n in block.shape)]
+    slot[...] = block
+
+
+def _empties(xp: Any, rows: Any, native: np.dtype, fill: Any) -> Any:
+    """Per row (a chunk's elements), whether it holds only the fill value (NaN for NaN)."""
+    values = rows.view(native).reshape(rows.shape[0], -1)
+    if native.kind in "fc" and np.isnan(fill):
+        return xp.isnan(values).all(axis=1)
+    return (values == xp.asarray(fill, dtype=native)).all(axis=1)
+
+
+def _stored_order(xp: Any, rows: Any, shape: tuple[int, ...], native: np.dtype, recipe: Recipe) -> None:
+    """Rearrange rows of C-ordered native elements as the recipe stores them: Fortran order,
+    big-endian bytes."""
+    n = rows.shape[0]
+    if recipe.order == "F" and len(shape) > 1:
+        for k in range(n):
+            c = rows[k].view(native).reshape(shape)
+            rows[k] = xp.ascontiguousarray(c.T).reshape(-1).view(xp.uint8)
+    size = native.itemsize
     if recipe.big_endian and size > 1:
-        raw = xp.ascontiguousarray(raw.reshape(-1, size)[:, ::-1]).reshape(-1)
-    return raw
+        rows[...] = xp.ascontiguousarray(rows.reshape(n, -1, size)[:, :, ::-1]).reshape(rows.shape)
 
 
 _rename = os.replace
 
 
-def _put(path: Path, data: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(memoryview(data))
-        _rename(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+class _Files:
+    """Chunk files written by threads, each under a temporary name renamed into place."""
+
+    def __init__(self, root: Path, threads: int, crc32c: bool) -> None:
+        self.root = root
+        self.crc32c = crc32c
+        self.tag = uuid.uuid4().hex
+        self.pool = cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="cupy_xarray-write")
+        self.dirs: set[Path] = set()
+        self.pending: list[cf.Future] = []
+
+    def put(self, key: str, data: np.ndarray) -> None:
+        self.pending.append(self.pool.submit(self._put, key, data))
+
+    def _put(self, key: str, data: np.ndarray) -> None:
+        path = self.root / key
+        parent = path.parent
+        if parent not in self.dirs:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.dirs.add(parent)
+        tmp = parent / f".{path.name}.{self.tag}.partial"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            try:
+                _write_all(fd, memoryview(data).cast("B"))
+                if self.crc32c:
+                    from ..engine.decoders import crc32c
+
+                    _write_all(fd, memoryview(crc32c.value(data).to_bytes(4, "little")))
+            finally:
+                os.close(fd)
+            _rename(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, []
+        try:
+            for f in pending:
+                f.result()
+        except BaseException:
+            for f in pending:  # no file is written after the error is raised
+                f.cancel()
+            cf.wait(pending)
+            raise
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while len(view):
+        view = view[os.write(fd, view) :]
 
 
 def write_array(
     root: Path, array_path: str, data: Any, xp: Any, encoder: Any, threads: int, report: WriteReport
 ) -> None:
     """Write every chunk of the zarr array at ``root / array_path`` (created already, its
-    shape that of ``data``) from ``data`` (a numpy or cupy array, as ``xp``)."""
+    shape that of ``data``) from ``data`` (a numpy or cupy array, as ``xp``).
+
+    Batches of chunks are gathered into rows of one buffer, checked for chunks of the fill
+    value only, handed to ``encoder`` (which returns at once) and written by threads while the
+    next batch is gathered and encoded; on the GPU batches alternate between two streams.
+    """
     import zarr
 
     arr = zarr.open_array(store=str(root), path=array_path, mode="r")
@@ -97,36 +165,86 @@ def write_array(
         raise ValueError(f"{array_path}: the store's array has shape {arr.shape}, the data {data.shape}")
     recipe = recipe_of(meta)
     shape = chunk_shape(meta)
-    fill = np.asarray(meta.fill_value, dtype=data.dtype)[()] if meta.fill_value is not None else None
-    write_empty = bool(zarr.config.get("array.write_empty_chunks", False))
+    native = data.dtype.newbyteorder("=")
+    fill = np.asarray(meta.fill_value, dtype=native)[()] if meta.fill_value is not None else None
+    check_empty = fill is not None and not bool(zarr.config.get("array.write_empty_chunks", False))
+    pad = fill if fill is not None else np.zeros((), native)[()]
     grid = [range(-(-n // c)) for n, c in zip(data.shape, shape)]
     indexes = list(np.ndindex(*[len(g) for g in grid])) if data.ndim else [()]
-    per_batch = max(1, BATCH_BYTES // max(int(np.prod(shape)) * data.dtype.itemsize, 1))
+    nbytes = int(np.prod(shape)) * native.itemsize
+    a = encoder.alignment
+    stride = -(-max(nbytes, 1) // a) * a
+    per_batch = encoder.batch_chunks(nbytes, stride, BATCH_BYTES)
+    streams = _streams(xp)
     report.arrays.append(array_path)
     report.encoder = encoder.name
-    with cf.ThreadPoolExecutor(max(1, threads)) as pool:
-        pending: list[cf.Future] = []
-        for start in range(0, len(indexes), per_batch):
-            batch = indexes[start : start + per_batch]
-            blocks = [data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, shape))] for idx in batch]
-            if fill is not None and not write_empty:
-                flags = [_empty(xp, b, fill) for b in blocks]
-                empty = np.asarray(xp.stack(flags).get() if xp is not np else np.stack(flags))
-                keep = [k for k, e in enumerate(empty) if not e]
-                report.empty += len(batch) - len(keep)
-                batch, blocks = [batch[k] for k in keep], [blocks[k] for k in keep]
-            if not batch:
-                continue
-            raws = [_raw(xp, b, shape, fill if fill is not None else 0, recipe) for b in blocks]
-            encoded = encoder.encode(recipe, raws)
-            for w in pending:  # the batch before: written while this one encoded
-                w.result()
-            pending = []
-            for idx, enc in zip(batch, encoded):
-                key = meta.encode_chunk_key(idx)
-                pending.append(pool.submit(_put, root / array_path / key, enc))
-                report.stored += len(enc)
-            report.chunks += len(batch)
-            report.nbytes += sum(int(r.size) for r in raws)
-        for w in pending:
-            w.result()
+    files = _Files(root / array_path, threads, recipe.crc32c)
+    t0 = time.perf_counter()
+    last: tuple[list, Pending] | None = None
+    ok = False
+    try:
+        for b, first in enumerate(range(0, len(indexes), per_batch)):
+            batch = indexes[first : first + per_batch]
+            with streams[b % len(streams)]:
+                rows = xp.empty((len(batch), stride), dtype=xp.uint8)
+                for k, idx in enumerate(batch):
+                    block = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, shape))]
+                    _gather(xp, rows[k, :nbytes], block, shape, pad, native)
+                empty = _empties(xp, rows[:, :nbytes], native, fill) if check_empty else None
+                _stored_order(xp, rows[:, :nbytes], shape, native, recipe)
+                pending = encoder.start(recipe, rows, nbytes, empty)
+            del rows, empty
+            held = pending.device_bytes + (last[1].device_bytes if last else 0)
+            report.device_bytes = max(report.device_bytes, held)
+            report.batches += 1
+            if last is not None:
+                _finish(*last, meta, nbytes, files, report)
+            last = (batch, pending)
+        if last is not None:
+            _finish(*last, meta, nbytes, files, report)
+            last = None
+        w = time.perf_counter()
+        files.wait()
+        report.file_wait_s += time.perf_counter() - w
+        ok = True
+    finally:
+        if not ok and xp is not np:  # let the GPU finish what it was given before its memory goes
+            with contextlib.suppress(Exception):
+                xp.cuda.Device().synchronize()
+        files.close()
+        report.seconds += time.perf_counter() - t0
+
+
+def _finish(
+    batch: list, pending: Pending, meta: Any, nbytes: int, files: _Files, report: WriteReport
+) -> None:
+    """Take a batch's encoded chunks and hand them to the file threads (once the files of the
+    batch before are written: at most two batches of host memory are held)."""
+    t = time.perf_counter()
+    try:
+        encoded, _ = pending.result()
+    except EncodeError as exc:
+        key = meta.encode_chunk_key(batch[exc.index])
+        raise RuntimeError(f"{files.root}: chunk {key!r} was not written: {exc}") from exc
+    w = time.perf_counter()
+    report.encode_wait_s += w - t
+    files.wait()
+    report.file_wait_s += time.perf_counter() - w
+    for idx, enc in zip(batch, encoded):
+        if enc is None:
+            report.empty += 1
+            continue
+        files.put(meta.encode_chunk_key(idx), enc)
+        report.chunks += 1
+        report.stored += len(enc) + (4 if files.crc32c else 0)
+        report.nbytes += nbytes
+
+
+def _streams(xp: Any) -> list:
+    """Two CUDA streams for data on the GPU (a batch gathers and encodes on one while the one
+    before finishes on the other), no stream on the host."""
+    if xp is np:
+        return [contextlib.nullcontext()]
+    from ..engine.buffers import side_stream, thread_stream
+
+    return [thread_stream(xp), side_stream(xp)]

@@ -189,20 +189,21 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     report = WriteReport()
     threads = _threads()
     gpu, cpu = GPUEncoder(threads), CPUEncoder(threads)
-    for name in fast:
-        data = ds[name].variable._data
-        meta = _meta(root, name)
-        try:
-            recipe = recipe_of(meta)
-        except Unsupported:
-            lazy.append(name)  # another codec chain: zarr-python encodes it, below
-            continue
-        xp = _xp(data)
-        chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
-        encoder = gpu if xp is not np and gpu.supports(recipe, chunk_bytes) else cpu
-        if encoder is cpu and xp is not np:
-            data, xp = data.get(), np
-        write_array(root, name, data, xp, encoder, threads, report)
+    try:
+        for name in fast:
+            data = ds[name].variable._data
+            meta = _meta(root, name)
+            try:
+                recipe = recipe_of(meta)
+            except Unsupported:
+                lazy.append(name)  # another codec chain: zarr-python encodes it, below
+                continue
+            xp = _xp(data)
+            chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
+            encoder = gpu if xp is not np and gpu.supports(recipe, chunk_bytes) else cpu
+            write_array(root, name, data, xp, encoder, threads, report)
+    finally:
+        cpu.close()
     file(_recorders, report)
     if lazy:  # xarray writes these from host copies (block by block), into the arrays made above
         part = xr.Dataset({n: _host(ds[n].variable) for n in lazy})

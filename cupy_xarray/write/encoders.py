@@ -2,17 +2,22 @@
 
 One interface, two implementations: :class:`CPUEncoder` (numcodecs on CPU threads: the same
 bytes zarr-python writes) and :class:`GPUEncoder` (one nvCOMP call per batch of chunks in GPU
-memory, the compressed bytes copied to the host once). What a chunk's codec chain asks for is a
-:class:`Recipe`; :func:`recipe_of` reads it from a zarr array's metadata.
+memory, the compressed bytes copied to the host once). ``start`` queues a batch and returns a
+:class:`Pending` at once, so that the files of one batch are written while the next encodes.
+What a chunk's codec chain asks for is a :class:`Recipe`; :func:`recipe_of` reads it from a
+zarr array's metadata.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .nvcomp import MAX_CHUNK_BYTES, batched_encoder
 
 
 class Unsupported(Exception):
@@ -95,110 +100,225 @@ def recipe_of(meta: Any) -> Recipe:
     return Recipe(big, "C", level, checksum, crc, other)
 
 
-def _with_crc32c(encoded: bytes | np.ndarray) -> np.ndarray:
-    """``encoded`` and the little-endian CRC-32C zarr's ``crc32c`` codec appends."""
-    from ..engine.decoders import crc32c
+class EncodeError(RuntimeError):
+    """Chunk ``index`` of a batch could not be encoded."""
 
-    buf = np.frombuffer(encoded, np.uint8) if not isinstance(encoded, np.ndarray) else encoded
-    out = np.empty(len(buf) + 4, np.uint8)
-    out[:-4] = buf
-    out[-4:] = np.frombuffer(crc32c.value(buf).to_bytes(4, "little"), np.uint8)
-    return out
+    def __init__(self, index: int, text: str) -> None:
+        super().__init__(text)
+        self.index = index
+
+
+class Pending:
+    """An encode under way: :meth:`result` waits for it and gives each chunk's file bytes in
+    host memory (None for a chunk left out) and whether each chunk held only the fill value."""
+
+    def __init__(self, finish: Callable[[], tuple[list, np.ndarray | None]], device_bytes: int = 0) -> None:
+        self._finish = finish
+        #: device memory the batch holds until its result is taken
+        self.device_bytes = device_bytes
+
+    def result(self) -> tuple[list, np.ndarray | None]:
+        return self._finish()
+
+
+def _rows(host: np.ndarray, nbytes: int, empty: np.ndarray | None) -> list:
+    return [None if empty is not None and empty[k] else host[k, :nbytes] for k in range(host.shape[0])]
 
 
 class CPUEncoder:
-    """numcodecs on CPU threads, chunks in host memory: the bytes zarr-python writes."""
+    """numcodecs on CPU threads: the bytes zarr-python writes. Chunks on the GPU are copied to
+    the host a batch at a time first."""
 
     name = "cpu"
+    alignment = 1
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
+        self._pool: cf.ThreadPoolExecutor | None = None
 
     def supports(self, recipe: Recipe, chunk_bytes: int = 0) -> bool:
         return True
 
-    def encode(self, recipe: Recipe, raws: list[np.ndarray]) -> list[np.ndarray]:
-        """Each chunk's file bytes (``raws``: 1-D uint8 arrays of its elements' bytes)."""
+    def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int) -> int:
+        return max(1, host_bytes // max(stride, 1))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def _codec(self, recipe: Recipe) -> Any:
         import numcodecs
 
-        codec = recipe.host_codec
         if recipe.zstd_level is not None:
-            codec = numcodecs.Zstd(level=recipe.zstd_level, checksum=recipe.zstd_checksum)
+            return numcodecs.Zstd(level=recipe.zstd_level, checksum=recipe.zstd_checksum)
+        return recipe.host_codec
 
-        def one(raw: np.ndarray) -> np.ndarray:
-            out = raw
-            if codec is not None:
-                typed = raw.view(recipe.typed) if recipe.typed is not None else raw
-                out = numcodecs.compat.ensure_ndarray(codec.encode(typed)).view(np.uint8).reshape(-1)
-            return _with_crc32c(out) if recipe.crc32c else out
+    def start(self, recipe: Recipe, buf: Any, nbytes: int, empty: Any) -> Pending:
+        """Encode the first ``nbytes`` of each row of ``buf`` (a ``(chunks, stride)`` uint8
+        array, host or GPU) but those ``empty`` marks."""
+        from ..device import is_cupy_array
 
-        if len(raws) == 1 or self.threads == 1:
-            return [one(r) for r in raws]
-        with cf.ThreadPoolExecutor(min(self.threads, len(raws))) as pool:
-            return list(pool.map(one, raws))
+        if is_cupy_array(buf):
+            host = pinned_host(buf.nbytes).reshape(buf.shape)
+            buf.get(out=host)
+            empty = empty.get() if empty is not None else None
+            buf = host
+        rows = _rows(buf, nbytes, empty)
+        codec = self._codec(recipe)
+        if codec is None:
+            return Pending(lambda: (rows, empty))
+
+        def one(raw: np.ndarray | None) -> np.ndarray | None:
+            if raw is None:
+                return None
+            typed = raw.view(recipe.typed) if recipe.typed is not None else raw
+            return numcodecs_bytes(codec.encode(typed))
+
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="cupy_xarray-encode")
+        futures = [self._pool.submit(one, r) for r in rows]
+        return Pending(lambda: ([f.result() for f in futures], empty))
+
+
+def numcodecs_bytes(encoded: Any) -> np.ndarray:
+    import numcodecs
+
+    return numcodecs.compat.ensure_ndarray(encoded).view(np.uint8).reshape(-1)
 
 
 class GPUEncoder:
-    """Chunks in GPU memory: zstd frames by one nvCOMP call per batch (nvCOMP has no levels
-    and writes no content checksum: such chains go to :class:`CPUEncoder`), the bytes copied
-    to the host in one pass, a crc32c appended there."""
+    """Chunks in GPU memory: zstd frames or LZ4 blocks by one nvCOMP call per batch, queued on
+    the current stream; each chunk's bytes copied to the host once it finished.
+
+    nvCOMP has no compression levels and writes no zstd content checksum: such chains go to
+    :class:`CPUEncoder`, as do the other compressors.
+    """
 
     name = "gpu"
-    #: the largest chunk nvCOMP's zstd compresses as one frame
-    max_chunk_bytes = 16 << 20
+    #: rows of a batch start at multiples of this (nvCOMP's alignment)
+    alignment = 256
 
     def __init__(self, threads: int) -> None:
         self.threads = max(1, threads)
-        self._codec = None
+
+    @staticmethod
+    def algorithm(recipe: Recipe) -> str | None:
+        """The nvCOMP algorithm that makes the recipe's streams, None for uncompressed chunks."""
+        if recipe.zstd_level is not None:
+            return "Zstd"
+        if recipe.host_codec is not None and getattr(recipe.host_codec, "codec_id", "") == "lz4":
+            return "LZ4"
+        return None
 
     def supports(self, recipe: Recipe, chunk_bytes: int = 0) -> bool:
         if not recipe.compressed:
             return True
-        if recipe.host_codec is not None or recipe.zstd_checksum or chunk_bytes > self.max_chunk_bytes:
+        algo = self.algorithm(recipe)
+        if algo is None or recipe.zstd_checksum or chunk_bytes > MAX_CHUNK_BYTES[algo]:
             return False
-        return self._nvcomp() is not None
+        if algo == "LZ4" and chunk_bytes >= 2**31:  # numcodecs' LZ4 size prefix is an int32
+            return False
+        return batched_encoder(algo) is not None
 
-    @staticmethod
-    def _nvcomp() -> Any:
-        try:
-            from nvidia import nvcomp
-        except ImportError:
-            return None
-        return nvcomp
-
-    def encode(self, recipe: Recipe, raws: list[Any]) -> list[np.ndarray]:
+    def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int) -> int:
+        """Chunks per batch: enough frames for nvCOMP to fill the GPU (:data:`GPU_BATCH_CHUNKS`),
+        two batches within a share of the free device memory (the ``memory_share`` option)."""
         import cupy
 
-        if recipe.compressed:
-            nv = self._nvcomp()
-            if self._codec is None:
-                self._codec = nv.Codec(algorithm="Zstd", bitstream_kind=nv.BitstreamKind.RAW)
-            cupy.cuda.get_current_stream().synchronize()  # nvCOMP runs on a stream of its own
-            encoded = self._codec.encode(nv.as_arrays(raws))
-            cupy.cuda.Device().synchronize()
-            device = [cupy.asarray(e).view(cupy.uint8).reshape(-1) for e in encoded]
-        else:
-            device = raws
-        outs = _to_host(device)
-        if recipe.crc32c:
-            with cf.ThreadPoolExecutor(min(self.threads, max(len(outs), 1))) as pool:
-                outs = list(pool.map(_with_crc32c, outs))
-        return outs
+        from ..options import get_options
+
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        free += cupy.get_default_memory_pool().free_bytes()
+        per_chunk = stride + 2 * chunk_bytes + 4096  # the row, its output slot, nvCOMP's scratch
+        fit = int(get_options().memory_share * free) // (2 * per_chunk)
+        return max(1, min(GPU_BATCH_CHUNKS, fit))
+
+    def close(self) -> None:
+        pass
+
+    def start(self, recipe: Recipe, buf: Any, nbytes: int, empty: Any) -> Pending:
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        n = buf.shape[0]
+        flags = pinned_host(n).view(np.bool_) if empty is not None else None
+        if flags is not None:
+            cupy.cuda.runtime.memcpyAsync(
+                flags.ctypes.data, empty.data.ptr, n, cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr
+            )
+        algo = self.algorithm(recipe)
+        if algo is None:
+            host = pinned_host(buf.nbytes).reshape(buf.shape)
+            _copy_to_host(host.ctypes.data, buf.data.ptr, buf.nbytes, stream)
+            done = _record(stream)
+            held = [buf, empty]  # until the copy finished
+
+            def plain() -> tuple[list, np.ndarray | None]:
+                done.synchronize()
+                held.clear()
+                return _rows(host, nbytes, flags), flags
+
+            return Pending(plain, buf.nbytes)
+        job = batched_encoder(algo).compress(buf, nbytes, stream)
+        sizes = pinned_host(8 * n).view(np.uint64)
+        statuses = pinned_host(4 * n).view(np.int32)
+        _copy_to_host(sizes.ctypes.data, job.sizes.data.ptr, 8 * n, stream)
+        _copy_to_host(statuses.ctypes.data, job.statuses.data.ptr, 4 * n, stream)
+        done = _record(stream)
+        held = [empty]
+        prefix = 4 if algo == "LZ4" else 0  # numcodecs' LZ4: the decoded size, then the block
+
+        def compressed() -> tuple[list, np.ndarray | None]:
+            done.synchronize()
+            keep = np.ones(n, bool) if flags is None else ~flags
+            bad = np.flatnonzero((statuses != 0) & keep)
+            if len(bad):
+                from ..engine.decoders.nvcomp import status_text
+
+                raise EncodeError(
+                    int(bad[0]), f"nvCOMP {algo} could not compress it ({status_text(statuses[bad[0]])})"
+                )
+            lengths = np.where(keep, sizes.astype(np.int64) + prefix, 0)
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            host = pinned_host(int(lengths.sum()))
+            slot = job.out.strides[0]
+            for k in np.flatnonzero(keep).tolist():
+                s = int(starts[k])
+                if prefix:
+                    host[s : s + 4] = np.frombuffer(int(nbytes).to_bytes(4, "little"), np.uint8)
+                dst = host.ctypes.data + s + prefix
+                _copy_to_host(dst, job.out.data.ptr + k * slot, int(sizes[k]), stream)
+            stream.synchronize()
+            held.clear()
+            return [host[s : s + m] if m else None for s, m in zip(starts.tolist(), lengths.tolist())], flags
+
+        return Pending(compressed, buf.nbytes + job.out.nbytes + job.keep[2].nbytes)
 
 
-def _to_host(arrays: list[Any]) -> list[np.ndarray]:
-    """Copy 1-D uint8 GPU arrays into one page-locked host buffer (one wait for all)."""
-    import cupy
+#: frames one nvCOMP call compresses: enough for nvCOMP to fill the GPU (its time per call
+#: grows slowly with the frames), few enough that the files of one batch are written while the
+#: next one compresses
+GPU_BATCH_CHUNKS = 512
 
+
+def pinned_host(nbytes: int) -> np.ndarray:
     from ..engine.buffers import pinned_buffer
 
-    sizes = np.array([a.size for a in arrays], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
-    host = pinned_buffer(int(sizes.sum()) or 1)
-    stream = cupy.cuda.get_current_stream()
-    rt = cupy.cuda.runtime
-    for a, s in zip(arrays, starts.tolist()):
-        if a.size:
-            rt.memcpyAsync(host.ctypes.data + s, a.data.ptr, a.size, rt.memcpyDeviceToHost, stream.ptr)
-    stream.synchronize()
-    return [host[s : s + n] for s, n in zip(starts.tolist(), sizes.tolist())]
+    return pinned_buffer(nbytes)[:nbytes]
+
+
+def _copy_to_host(dst: int, src: int, nbytes: int, stream: Any) -> None:
+    import cupy
+
+    if nbytes:
+        rt = cupy.cuda.runtime
+        rt.memcpyAsync(dst, src, nbytes, rt.memcpyDeviceToHost, stream.ptr)
+
+
+def _record(stream: Any) -> Any:
+    import cupy
+
+    done = cupy.cuda.Event(block=True, disable_timing=True)
+    done.record(stream)
+    return done

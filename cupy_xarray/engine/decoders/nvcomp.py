@@ -103,6 +103,12 @@ def library() -> Any:
         return _lib
 
 
+def version() -> int:
+    """nvCOMP's version as ``major * 1000 + minor * 100 + patch`` (0 when not loaded)."""
+    library()
+    return _lib_version
+
+
 def _function(lib: Any, name: str, argtypes: list) -> Any:
     fn = getattr(lib, name)
     fn.argtypes, fn.restype = argtypes, ctypes.c_int  # nvcompStatus_t
