@@ -67,6 +67,32 @@ def _gather(xp: Any, row: Any, block: Any, shape: tuple[int, ...], fill: Any, na
     slot[...] = block
 
 
+def _gather_rows(
+    xp: Any, rows: Any, data: Any, batch: list, shape: tuple[int, ...], native: np.dtype
+) -> bool:
+    """Put a batch of whole grid rows of interior chunks into ``rows`` with one copy (a view
+    of ``data`` with the chunks' axes last); False where the batch is not such a block."""
+    grid = [n // c for n, c in zip(data.shape[1:], shape[1:])]
+    per_row = int(np.prod(grid)) if grid else 1
+    rest = data.shape[1:]
+    if (
+        rows.shape[1] != int(np.prod(shape)) * native.itemsize
+        or any(n % c for n, c in zip(rest, shape[1:]))
+        or len(batch) % per_row
+        or any(batch[0][1:])
+    ):
+        return False
+    first, m = batch[0][0], len(batch) // per_row
+    if (first + m) * shape[0] > data.shape[0]:
+        return False  # the last chunks along the first axis are cut short
+    block = data[first * shape[0] : (first + m) * shape[0]]
+    split = (m, shape[0]) + tuple(x for g, c in zip(grid, shape[1:]) for x in (g, c))
+    d = len(shape)
+    order = [0] + [2 * i + 2 for i in range(d - 1)] + [1] + [2 * i + 3 for i in range(d - 1)]
+    rows.view(native).reshape((m, *grid, *shape))[...] = block.reshape(split).transpose(order)
+    return True
+
+
 def _empties(xp: Any, rows: Any, native: np.dtype, fill: Any) -> Any:
     """Per row (a chunk's elements), whether it holds only the fill value (NaN for NaN)."""
     values = rows.view(native).reshape(rows.shape[0], -1)
@@ -174,7 +200,8 @@ def write_array(
     nbytes = int(np.prod(shape)) * native.itemsize
     a = encoder.alignment
     stride = -(-max(nbytes, 1) // a) * a
-    per_batch = encoder.batch_chunks(nbytes, stride, BATCH_BYTES)
+    per_row = int(np.prod([len(g) for g in grid[1:]])) if data.ndim > 1 else 1
+    sizes = _plan(len(indexes), encoder.batch_chunks(nbytes, stride, BATCH_BYTES, recipe), per_row)
     streams = _streams(xp)
     report.arrays.append(array_path)
     report.encoder = encoder.name
@@ -183,13 +210,14 @@ def write_array(
     last: tuple[list, Pending] | None = None
     ok = False
     try:
-        for b, first in enumerate(range(0, len(indexes), per_batch)):
-            batch = indexes[first : first + per_batch]
+        for b, (first, size) in enumerate(zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes)):
+            batch = indexes[first : first + size]
             with streams[b % len(streams)]:
                 rows = xp.empty((len(batch), stride), dtype=xp.uint8)
-                for k, idx in enumerate(batch):
-                    block = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, shape))]
-                    _gather(xp, rows[k, :nbytes], block, shape, pad, native)
+                if not _gather_rows(xp, rows, data, batch, shape, native):
+                    for k, idx in enumerate(batch):
+                        block = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, shape))]
+                        _gather(xp, rows[k, :nbytes], block, shape, pad, native)
                 empty = _empties(xp, rows[:, :nbytes], native, fill) if check_empty else None
                 _stored_order(xp, rows[:, :nbytes], shape, native, recipe)
                 pending = encoder.start(recipe, rows, nbytes, empty)
@@ -213,6 +241,23 @@ def write_array(
                 xp.cuda.Device().synchronize()
         files.close()
         report.seconds += time.perf_counter() - t0
+
+
+def _plan(total: int, cap: int, row: int) -> list[int]:
+    """Chunks per batch: batches of ``cap`` (whole grid rows of ``row`` chunks where it holds
+    some), the rest in two, three quarters then a quarter: the files of the last batch are
+    written with nothing to overlap them, so it is small."""
+    if cap >= row > 1:
+        cap -= cap % row
+    sizes = []
+    left = total
+    while left > cap:
+        sizes.append(cap)
+        left -= cap
+    first = -(-3 * left // 4)
+    if row > 1 and left > row:
+        first = max(row, min(left - row, round(first / row) * row))
+    return sizes + ([first, left - first] if 0 < first < left else [left])
 
 
 def _finish(

@@ -97,25 +97,28 @@ def _transforms(var: xr.Variable, enc: dict) -> bool:
     return fill is not None and not (var.dtype.kind in "fc" and bool(np.isnan(fill)))
 
 
-def _chunks(var: xr.Variable, encoding: dict) -> tuple[int, ...]:
-    enc = encoding.get("chunks") or var.encoding.get("chunks")
-    if enc:
-        return tuple(min(int(c), n) for c, n in zip(enc, var.shape))
-    try:
-        from zarr.core.chunk_grids import _guess_chunks
+def auto_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The chunks zarr-python gives an array created without any (what xarray writes for
+    NumPy data without ``chunks`` in its encoding)."""
+    from zarr.core import chunk_grids
 
-        return tuple(int(c) for c in _guess_chunks(var.shape, var.dtype.itemsize))
-    except ImportError:  # zarr moved it: one chunk per 16 MiB along the first dimension
-        rows = max(1, (16 << 20) // max(int(np.prod(var.shape[1:])) * var.dtype.itemsize, 1))
-        return (min(var.shape[0], rows),) + tuple(var.shape[1:])
+    guess = getattr(chunk_grids, "_guess_chunks", None) or chunk_grids._guess_regular_chunks  # 3.1 / 3.4
+    return tuple(int(c) for c in guess(shape, itemsize))
 
 
-def _placeholder(var: xr.Variable, encoding: dict) -> xr.Variable:
-    """A lazy stand-in of a variable's data: xarray writes its metadata, never its values
-    (the write it returns for it is dropped, never computed)."""
+def _placeholder(var: xr.Variable, encoding: dict | None) -> xr.Variable:
+    """A lazy stand-in of a variable's data, one dask chunk, its zarr chunks in its encoding
+    as xarray would choose them: xarray writes its metadata, never its values (the write it
+    returns is dropped, never computed); ``encoding``: what ``encoding=`` gives it, which
+    replaces its own."""
     import dask.array as da
 
-    return var.copy(deep=False, data=da.empty(var.shape, dtype=var.dtype, chunks=_chunks(var, encoding)))
+    own = dict(encoding if encoding is not None else var.encoding)
+    if not own.get("chunks"):
+        own["chunks"] = auto_chunks(var.shape, var.dtype.itemsize)
+    out = var.copy(deep=False, data=da.empty(var.shape, dtype=var.dtype, chunks=-1))
+    out.encoding = own
+    return out
 
 
 def _simple(root: Path | None, kwargs: dict) -> bool:
@@ -178,13 +181,14 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     changes = {}
     for name, var in ds.variables.items():
         if name in fast:
-            changes[name] = _placeholder(var, encodings.get(name, {}))
+            changes[name] = _placeholder(var, encodings.get(name))
         elif is_dask_array(var._data) or _on_gpu(var._data):
             changes[name] = _host(var)  # dask: its write in the template's is dropped, redone below
     template = ds.assign(changes) if changes else ds
     if not simple:
         return template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
+    kwargs["encoding"] = {**encodings, **{n: template[n].encoding for n in fast if n in encodings}}
     template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
     report = WriteReport()
     threads = _threads()

@@ -139,7 +139,7 @@ class CPUEncoder:
     def supports(self, recipe: Recipe, chunk_bytes: int = 0) -> bool:
         return True
 
-    def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int) -> int:
+    def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int, recipe: Recipe) -> int:
         return max(1, host_bytes // max(stride, 1))
 
     def close(self) -> None:
@@ -221,16 +221,21 @@ class GPUEncoder:
             return False
         return batched_encoder(algo) is not None
 
-    def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int) -> int:
-        """Chunks per batch: enough frames for nvCOMP to fill the GPU (:data:`GPU_BATCH_CHUNKS`),
-        two batches within a share of the free device memory (the ``memory_share`` option)."""
+    def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int, recipe: Recipe) -> int:
+        """Chunks per batch at most: enough frames for nvCOMP to fill the GPU
+        (:data:`GPU_BATCH_CHUNKS`), two batches within a share of the free device memory (the
+        ``memory_share`` option)."""
         import cupy
 
         from ..options import get_options
 
         free, _ = cupy.cuda.runtime.memGetInfo()
         free += cupy.get_default_memory_pool().free_bytes()
-        per_chunk = stride + 2 * chunk_bytes + 4096  # the row, its output slot, nvCOMP's scratch
+        per_chunk = stride  # the row; compressed: its output slot and nvCOMP's scratch
+        algo = self.algorithm(recipe)
+        if algo is not None:
+            enc = batched_encoder(algo)
+            per_chunk += enc.slot(enc.max_output(chunk_bytes)) + -(-enc.temp_bytes(64, chunk_bytes) // 64)
         fit = int(get_options().memory_share * free) // (2 * per_chunk)
         return max(1, min(GPU_BATCH_CHUNKS, fit))
 
@@ -296,10 +301,9 @@ class GPUEncoder:
         return Pending(compressed, buf.nbytes + job.out.nbytes + job.keep[2].nbytes)
 
 
-#: frames one nvCOMP call compresses: enough for nvCOMP to fill the GPU (its time per call
-#: grows slowly with the frames), few enough that the files of one batch are written while the
-#: next one compresses
-GPU_BATCH_CHUNKS = 512
+#: frames one nvCOMP call compresses at most: its time per call grows slower than its frames
+#: up to about a thousand 4 MiB frames (on an H200)
+GPU_BATCH_CHUNKS = 1024
 
 
 def pinned_host(nbytes: int) -> np.ndarray:
