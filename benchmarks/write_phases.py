@@ -20,6 +20,7 @@ store also pays the deletion).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import shutil
 import time
 from pathlib import Path
@@ -101,11 +102,11 @@ def main() -> None:
 
     def files_alone(threads):
         def run():
-            files = chunks._Files(root / "files", threads, crc32c=False)
-            for i, m in enumerate(sizes.tolist()):
-                files.put(f"c/{i // 16}/{i // 4 % 4}/{i % 4}", blob[:m])
-            files.wait()
-            files.close()
+            with cf.ThreadPoolExecutor(threads) as pool:
+                files = chunks._Files(root / "files", pool, crc32c=False)
+                for i, m in enumerate(sizes.tolist()):
+                    files.put(f"c/{i // 16}/{i // 4 % 4}/{i % 4}", blob[:m])
+                files.wait()
 
         return run
 

@@ -214,6 +214,42 @@ def test_what_the_engine_does_not_encode_is_written_by_xarray(tmp_path):
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
 
 
+@pytest.mark.parametrize("scheduler", ["threads", "sync"])
+def test_dask_blocks_are_written_by_the_engine(tmp_path, scheduler):
+    """Each dask block's chunks are written by a task of its own (from GPU blocks through
+    nvCOMP): the files xarray writes from the same dask arrays, ``compute=False`` too."""
+    import dask
+
+    ds = _dataset(shape=(12, 30, 41))
+    ds["w"] = ds.v * 2
+    chunked = ds.chunk({"t": 4, "y": 16})
+    enc = {"v": {"chunks": (2, 8, 41)}, "w": {"compressors": zarr.codecs.ZstdCodec(level=1)}}
+    chunked.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    with dask.config.set(scheduler=scheduler), record_writes() as reports:
+        delayed = chunked.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc, compute=False)
+        assert reports[0].chunks == 0  # nothing written before it is computed
+        delayed.compute()
+    (report,) = reports
+    assert sorted(report.arrays) == ["v", "w"] and report.encoder == "cpu", str(report)
+    assert report.chunks + report.empty == 6 * 4 + 3 * 2, str(report)  # v: 6x4x1 chunks, w: 3x2x1
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    xr.testing.assert_identical(
+        xr.open_dataset(tmp_path / "e.zarr", engine="zarr").load(),
+        xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load(),
+    )
+
+
+def test_dask_under_other_schedulers_is_written_by_xarray(tmp_path):
+    import dask
+
+    ds = _dataset(shape=(6, 10, 12)).chunk({"t": 2})
+    ds.to_zarr(tmp_path / "x.zarr")
+    with dask.config.set(scheduler="processes", num_workers=2), record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "e.zarr")
+    assert reports[0].arrays == [], str(reports[0])
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
 def test_appends_regions_and_dask_go_through_xarray(tmp_path):
     ds = _dataset(shape=(6, 10, 12))
     first, second = ds.isel(t=slice(0, 4)), ds.isel(t=slice(4, None))
@@ -230,6 +266,14 @@ def test_appends_regions_and_dask_go_through_xarray(tmp_path):
     delayed.compute()
     ds.to_zarr(tmp_path / "eager.zarr", encoding={"v": {"chunks": (2, 10, 12)}})
     assert_same_files(tmp_path / "eager.zarr", tmp_path / "lazy.zarr")
+    with record_writes() as reports:  # region= writes: xarray's, dask or not
+        part = chunked.isel(t=slice(2, 4)).drop_vars("t")
+        part.cupy.to_zarr(tmp_path / "lazy.zarr", region={"t": slice(2, 4)})
+    assert reports == [] or reports[0].arrays == []
+    xr.testing.assert_identical(
+        xr.open_dataset(tmp_path / "lazy.zarr", engine="zarr").load(),
+        xr.open_dataset(tmp_path / "eager.zarr", engine="zarr").load(),
+    )
 
 
 def test_a_datatree(tmp_path):
@@ -352,3 +396,27 @@ def test_a_dataset_read_from_a_store_is_written_by_the_engine(tmp_path):
         loaded.cupy.to_zarr(tmp_path / "e.zarr")
     assert reports[0].arrays == ["v"]
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chain", ["none", "zstd-1", "lz4+crc32c", "blosc-lz4"])
+def test_gpu_dask_blocks_are_written_by_the_engine(tmp_path, chain):
+    """dask blocks of cupy arrays: each block's chunks compressed by nvCOMP (zstd, LZ4) or,
+    copied a batch at a time, by CPU threads (Blosc), in parallel tasks."""
+    import dask
+
+    ds = _dataset("f4", shape=(12, 64, 96))
+    enc = {"v": {"chunks": (2, 32, 48), "compressors": _chains(3)[chain]}}
+    gds = ds.chunk({"t": 4, "y": 32}).cupy.as_cupy()
+    assert type(gds.v.data._meta).__module__.startswith("cupy")
+    with dask.config.set(scheduler="threads"), record_writes() as reports:
+        gds.cupy.to_zarr(tmp_path / "g.zarr", encoding=enc)
+    (report,) = reports
+    on_gpu = chain in NVCOMP_CHAINS or chain == "none"
+    assert report.arrays == ["v"] and report.encoder == ("gpu" if on_gpu else "cpu"), str(report)
+    assert report.chunks + report.empty == 6 * 2 * 2, str(report)
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    want = xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load()
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)
+    if not on_gpu or chain == "none":
+        assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")

@@ -42,6 +42,17 @@ class WriteReport:
     encode_wait_s: float = 0.0
     file_wait_s: float = 0.0
 
+    def add(self, other: WriteReport) -> None:
+        """Count ``other`` (a dask block's write) in this report."""
+        self.arrays += [a for a in other.arrays if a not in self.arrays]
+        names = {n for n in (*self.encoder.split("+"), other.encoder) if n}
+        self.encoder = "+".join(sorted(names))
+        for name in ("chunks", "empty", "nbytes", "stored", "batches"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("seconds", "encode_wait_s", "file_wait_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.device_bytes = max(self.device_bytes, other.device_bytes)
+
     def __str__(self) -> str:
         return (
             f"write of {', '.join(self.arrays) or 'nothing'} ({self.encoder}): {self.chunks} chunks, "
@@ -120,11 +131,11 @@ _rename = os.replace
 class _Files:
     """Chunk files written by threads, each under a temporary name renamed into place."""
 
-    def __init__(self, root: Path, threads: int, crc32c: bool) -> None:
+    def __init__(self, root: Path, pool: cf.Executor, crc32c: bool) -> None:
         self.root = root
         self.crc32c = crc32c
         self.tag = uuid.uuid4().hex
-        self.pool = cf.ThreadPoolExecutor(max(1, threads), thread_name_prefix="cupy_xarray-write")
+        self.pool = pool
         self.dirs: set[Path] = set()
         self.pending: list[cf.Future] = []
 
@@ -165,7 +176,11 @@ class _Files:
             raise
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        """Cancel the files not begun, wait for those under way (after an error)."""
+        for f in self.pending:
+            f.cancel()
+        cf.wait(self.pending)
+        self.pending = []
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -174,23 +189,32 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 
 def write_array(
-    root: Path, array_path: str, data: Any, xp: Any, encoder: Any, threads: int, report: WriteReport
+    directory: Path,
+    meta: Any,
+    data: Any,
+    xp: Any,
+    encoder: Any,
+    pool: cf.Executor,
+    report: WriteReport,
+    origin: tuple[int, ...] | None = None,
 ) -> None:
-    """Write every chunk of the zarr array at ``root / array_path`` (created already, its
-    shape that of ``data``) from ``data`` (a numpy or cupy array, as ``xp``).
+    """Write the chunks of the zarr array in ``directory`` (created already, its metadata
+    ``meta``) that ``data`` (a numpy or cupy array, as ``xp``) covers: all of them, or from
+    chunk ``origin`` of its grid on (a dask block: its ends on chunk boundaries or the array's).
 
     Batches of chunks are gathered into rows of one buffer, checked for chunks of the fill
-    value only, handed to ``encoder`` (which returns at once) and written by threads while the
-    next batch is gathered and encoded; on the GPU batches alternate between two streams.
+    value only, handed to ``encoder`` (which returns at once) and written by ``pool``'s threads
+    while the next batch is gathered and encoded; on the GPU batches alternate between two
+    streams.
     """
     import zarr
 
-    arr = zarr.open_array(store=str(root), path=array_path, mode="r")
-    meta = arr.metadata
-    if tuple(arr.shape) != tuple(data.shape):
-        raise ValueError(f"{array_path}: the store's array has shape {arr.shape}, the data {data.shape}")
     recipe = recipe_of(meta)
     shape = chunk_shape(meta)
+    origin = origin or (0,) * data.ndim
+    ends = [(o * c + n) for o, c, n in zip(origin, shape, data.shape)]
+    if len(ends) != len(meta.shape) or any(e > n for e, n in zip(ends, meta.shape)):
+        raise ValueError(f"{directory}: data of shape {data.shape} from chunk {origin} outside {meta.shape}")
     native = data.dtype.newbyteorder("=")
     fill = np.asarray(meta.fill_value, dtype=native)[()] if meta.fill_value is not None else None
     check_empty = fill is not None and not bool(zarr.config.get("array.write_empty_chunks", False))
@@ -203,9 +227,10 @@ def write_array(
     per_row = int(np.prod([len(g) for g in grid[1:]])) if data.ndim > 1 else 1
     sizes = _plan(len(indexes), encoder.batch_chunks(nbytes, stride, BATCH_BYTES, recipe), per_row)
     streams = _streams(xp)
-    report.arrays.append(array_path)
+    if directory.name not in report.arrays:
+        report.arrays.append(directory.name)
     report.encoder = encoder.name
-    files = _Files(root / array_path, threads, recipe.crc32c)
+    files = _Files(directory, pool, recipe.crc32c)
     t0 = time.perf_counter()
     last: tuple[list, Pending] | None = None
     ok = False
@@ -226,10 +251,10 @@ def write_array(
             report.device_bytes = max(report.device_bytes, held)
             report.batches += 1
             if last is not None:
-                _finish(*last, meta, nbytes, files, report)
+                _finish(*last, meta, origin, nbytes, files, report)
             last = (batch, pending)
         if last is not None:
-            _finish(*last, meta, nbytes, files, report)
+            _finish(*last, meta, origin, nbytes, files, report)
             last = None
         w = time.perf_counter()
         files.wait()
@@ -261,7 +286,7 @@ def _plan(total: int, cap: int, row: int) -> list[int]:
 
 
 def _finish(
-    batch: list, pending: Pending, meta: Any, nbytes: int, files: _Files, report: WriteReport
+    batch: list, pending: Pending, meta: Any, origin: tuple, nbytes: int, files: _Files, report: WriteReport
 ) -> None:
     """Take a batch's encoded chunks and hand them to the file threads (once the files of the
     batch before are written: at most two batches of host memory are held)."""
@@ -269,7 +294,7 @@ def _finish(
     try:
         encoded, _ = pending.result()
     except EncodeError as exc:
-        key = meta.encode_chunk_key(batch[exc.index])
+        key = meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, batch[exc.index])))
         raise RuntimeError(f"{files.root}: chunk {key!r} was not written: {exc}") from exc
     w = time.perf_counter()
     report.encode_wait_s += w - t
@@ -279,7 +304,7 @@ def _finish(
         if enc is None:
             report.empty += 1
             continue
-        files.put(meta.encode_chunk_key(idx), enc)
+        files.put(meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, idx))), enc)
         report.chunks += 1
         report.stored += len(enc) + (4 if files.crc32c else 0)
         report.nbytes += nbytes

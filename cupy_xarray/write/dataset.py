@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +69,11 @@ def _host(var: xr.Variable) -> xr.Variable:
     return var
 
 
-def _fast(var: xr.Variable, encoding: dict) -> bool:
-    """Whether the engine may write a variable's chunks itself: eager numeric data whose
-    values xarray writes as they are (``encoding``: what ``encoding=`` gives the variable)."""
+def _engine_writes(var: xr.Variable, encoding: dict) -> bool:
+    """Whether the engine may write a variable's chunks itself: numeric data (eager, or dask)
+    whose values xarray writes as they are (``encoding``: what ``encoding=`` gives it)."""
     data = var._data
-    if is_dask_array(data) or not (_on_gpu(data) or isinstance(data, np.ndarray)):
+    if not (is_dask_array(data) or _on_gpu(data) or isinstance(data, np.ndarray)):
         return False
     if var.dtype.kind not in "biufc" or var.ndim == 0:
         return False
@@ -176,8 +177,11 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     _refuse_overwriting_a_source(ds, root, kwargs)
     simple = _simple(root, kwargs)
     encodings = kwargs.get("encoding") or {}
-    fast = [n for n, v in ds.data_vars.items() if simple and _fast(v.variable, encodings.get(n, {}))]
+    ours = [n for n, v in ds.data_vars.items() if simple and _engine_writes(v.variable, encodings.get(n, {}))]
+    fast = [n for n in ours if not is_dask_array(ds[n].variable._data)]
+    blocks = [n for n in ours if n not in fast and _threads_of_this_process()]
     lazy = [n for n, v in ds.data_vars.items() if simple and is_dask_array(v.variable._data)]
+    lazy = [n for n in lazy if n not in blocks]
     changes = {}
     for name, var in ds.variables.items():
         if name in fast:
@@ -190,34 +194,112 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     compute = kwargs.pop("compute", True)
     kwargs["encoding"] = {**encodings, **{n: template[n].encoding for n in fast if n in encodings}}
     template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
-    report = WriteReport()
-    threads = _threads()
-    gpu, cpu = GPUEncoder(threads), CPUEncoder(threads)
+    writer = _ChunkWriter(root, _threads())
+    file(_recorders, writer.report)
+    tasks = []
     try:
-        for name in fast:
+        for name in fast + blocks:
             data = ds[name].variable._data
             meta = _meta(root, name)
             try:
-                recipe = recipe_of(meta)
+                recipe_of(meta)
             except Unsupported:
                 lazy.append(name)  # another codec chain: zarr-python encodes it, below
                 continue
-            xp = _xp(data)
-            chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
-            encoder = gpu if xp is not np and gpu.supports(recipe, chunk_bytes) else cpu
-            write_array(root, name, data, xp, encoder, threads, report)
-    finally:
-        cpu.close()
-    file(_recorders, report)
+            if name in fast:
+                writer.write(name, data, meta)
+            elif _aligned(data.chunks, chunk_shape(meta)):
+                tasks += _block_writes(writer, name, data, meta)
+            else:
+                lazy.append(name)  # dask chunks across zarr chunks: xarray's checks and write
+    except BaseException:
+        writer.close()
+        raise
+    delayed = None
     if lazy:  # xarray writes these from host copies (block by block), into the arrays made above
         part = xr.Dataset({n: _host(ds[n].variable) for n in lazy})
         sub = {k: v for k, v in kwargs.items() if k in ("zarr_format", "zarr_version")}
-        delayed = part.to_zarr(store, mode="r+", compute=compute, consolidated=False, **sub)
-        if not compute:
-            return delayed
+        delayed = part.to_zarr(store, mode="r+", compute=False, consolidated=False, **sub)
+    import dask
+
+    if tasks:  # the file threads stay until the dask blocks are written
+        done = dask.delayed(_close, pure=False)(writer, delayed, *tasks)
+    else:
+        writer.close()
+        done = delayed if delayed is not None else dask.delayed(_close, pure=False)(None)
     if not compute:
-        return _nothing()
+        return done
+    done.compute()
     return _opened(root, kwargs)
+
+
+class _ChunkWriter:
+    """The engine's side of one ``to_zarr`` call: its encoders, its file threads, its report
+    (every array's and dask block's write counted in it)."""
+
+    def __init__(self, root: Path, threads: int) -> None:
+        import concurrent.futures as cf
+
+        self.root = root
+        self.gpu, self.cpu = GPUEncoder(threads), CPUEncoder(threads)
+        self.pool = cf.ThreadPoolExecutor(threads, thread_name_prefix="cupy_xarray-write")
+        self.report = WriteReport()
+        self._lock = threading.Lock()
+
+    def write(self, name: str, data: Any, meta: Any, origin: tuple[int, ...] | None = None) -> None:
+        """Write the chunks ``data`` covers (from chunk ``origin`` on) from where it lies."""
+        xp = _xp(data)
+        recipe = recipe_of(meta)
+        chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
+        encoder = self.gpu if xp is not np and self.gpu.supports(recipe, chunk_bytes) else self.cpu
+        part = WriteReport()
+        write_array(self.root / name, meta, data, xp, encoder, self.pool, part, origin)
+        with self._lock:
+            self.report.add(part)
+
+    def close(self) -> None:
+        self.cpu.close()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _threads_of_this_process() -> bool:
+    """Whether dask runs tasks on threads of this process (its threaded or synchronous
+    scheduler), where the engine's dask block writes run; under distributed or processes,
+    xarray writes dask arrays."""
+    import dask.base
+    import dask.local
+    import dask.threaded
+
+    return dask.base.get_scheduler() in (None, dask.threaded.get, dask.local.get_sync)
+
+
+def _aligned(chunks: tuple[tuple[int, ...], ...], shape: tuple[int, ...]) -> bool:
+    """Whether every dask block but the last along each axis spans whole zarr chunks."""
+    return all(all(n % c == 0 for n in sizes[:-1]) for sizes, c in zip(chunks, shape))
+
+
+def _block_writes(writer: _ChunkWriter, name: str, data: Any, meta: Any) -> list:
+    """One dask task per block of ``data``: its chunks written by the engine."""
+    import dask
+
+    shape = chunk_shape(meta)
+    starts = [np.concatenate([[0], np.cumsum(sizes)[:-1]]) for sizes in data.chunks]
+    blocks = data.to_delayed()
+    write = dask.delayed(_write_block, pure=False)
+    tasks = []
+    for idx in np.ndindex(blocks.shape):
+        origin = tuple(int(starts[d][i]) // shape[d] for d, i in enumerate(idx))
+        tasks.append(write(writer, name, blocks[idx], meta, origin))
+    return tasks
+
+
+def _write_block(writer: _ChunkWriter, name: str, block: Any, meta: Any, origin: tuple[int, ...]) -> None:
+    writer.write(name, block, meta, origin)
+
+
+def _close(writer: _ChunkWriter | None, *done: Any) -> None:
+    if writer is not None:
+        writer.close()
 
 
 def _opened(root: Path, kwargs: dict) -> Any:
@@ -226,12 +308,6 @@ def _opened(root: Path, kwargs: dict) -> Any:
         return xr.backends.ZarrStore.open_group(str(root), mode="r", zarr_format=kwargs.get("zarr_format"))
     except Exception:  # noqa: BLE001 - the data are written; the handle is a courtesy
         return None
-
-
-def _nothing() -> Any:
-    import dask
-
-    return dask.delayed(lambda: None)()
 
 
 def _meta(root: Path, name: str) -> Any:
