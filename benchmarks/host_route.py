@@ -1,7 +1,8 @@
 """Where the host route of a GPU read spends its time: CPU threads read, decode and place each
 chunk (``decode="cpu"``, and the default's CPU share). Beside the read, on the same chunks: the
-reads alone, the decodes alone, and the read with each way of placing a tile (2-D copies, a
-scratch chunk and the scatter kernel) and with more threads.
+reads alone, the decodes alone, the default read, and the read with each way of placing a
+tile (2-D copies from one copy of the chunk on the GPU, the scatter kernel) and with more
+threads.
 
 Usage (GPU machine)::
 
@@ -44,10 +45,10 @@ def profile_store(name: str, path: Path, threads: int) -> None:
     def decodes_alone():
         return list(pool.map(lambda i: numcodec.decode(blobs[i], out=outs[i]), range(len(blobs))))
 
-    def read(**opts):
+    def read(decode="cpu", **opts):
         def fn():
             with set_options(**opts):
-                ds = xr.open_dataset(path, engine="kvikio", decode="cpu", threads=threads)
+                ds = xr.open_dataset(path, engine="kvikio", decode=decode, threads=threads)
                 return ds["field"].data
 
         return fn
@@ -56,6 +57,7 @@ def profile_store(name: str, path: Path, threads: int) -> None:
     if numcodec is not None:
         paths["decodes alone (numcodecs)"] = decodes_alone
     paths |= {
+        "default read": read("auto"),
         "decode=cpu read": read(),
         "decode=cpu, tiles scattered": read(box_min_row=1 << 40),
         "decode=cpu, 32 threads": read(decode_threads=32),

@@ -231,7 +231,8 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         device memory free beyond its outputs for its batches, each at most
         ``max_batch_bytes``; its report says what its staging took. Where memory runs short,
         a read whose outputs fit starts again with batches a quarter the size, down to
-        ``min_batch_bytes`` (default 64 MiB), and its report says so.
+        ``min_batch_bytes`` (default 64 MiB), and its report says so. A write from the GPU
+        (``.cupy.to_zarr``) keeps its two batches in flight within the same share.
 
     The others (``wave_bytes``, ``stream_bytes``, ``inline_bytes``, ...) say how the
     engine cuts a read up; the contributor guide explains them.
