@@ -98,10 +98,10 @@ class CupyDataArrayAccessor:
         ``region``, ``encoding``, ``consolidated``, ``zarr_format``, ``storage_options``,
         ``compute`` ...) and writes the same Zarr store it would, from GPU data too (xarray's own
         ``to_zarr`` refuses cupy arrays). A new store on a local path gets its chunks written by
-        the engine: compressed with nvCOMP on the GPU (zstd) or numcodecs on CPU threads, each file
-        under a temporary name renamed into place; other writes (appends, regions, remote
-        stores, dask arrays, CF-transformed values, other codecs) go through xarray from host
-        copies.
+        the engine: compressed with nvCOMP on the GPU (zstd, LZ4) or numcodecs on CPU threads,
+        each file under a temporary name renamed into place, dask arrays a task per block;
+        other writes (appends, regions, remote stores, CF-transformed values, dask under
+        distributed) go through xarray from host copies.
 
         Returns
         -------
@@ -150,10 +150,10 @@ class CupyDatasetAccessor:
         ``region``, ``encoding``, ``consolidated``, ``zarr_format``, ``storage_options``,
         ``compute`` ...) and writes the same Zarr store it would, from GPU data too (xarray's own
         ``to_zarr`` refuses cupy arrays). A new store on a local path gets its chunks written by
-        the engine: compressed with nvCOMP on the GPU (zstd) or numcodecs on CPU threads, each file
-        under a temporary name renamed into place; other writes (appends, regions, remote
-        stores, dask arrays, CF-transformed values, other codecs) go through xarray from host
-        copies.
+        the engine: compressed with nvCOMP on the GPU (zstd, LZ4) or numcodecs on CPU threads,
+        each file under a temporary name renamed into place, dask arrays a task per block;
+        other writes (appends, regions, remote stores, CF-transformed values, dask under
+        distributed) go through xarray from host copies.
 
         Returns
         -------

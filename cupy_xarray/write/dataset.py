@@ -2,11 +2,12 @@
 
 xarray and zarr-python write the metadata (groups, arrays with their codecs, attributes, CF
 encoding, coordinates, consolidated metadata) exactly as ``Dataset.to_zarr`` does; the data of
-eager numeric variables is then written chunk by chunk from where it lies (:mod:`.chunks`):
-uncompressed and zstd chunks of GPU data through nvCOMP, every other compressor and host data
-through numcodecs on CPU threads. Everything else (dask arrays, CF transforms of the values,
-filters, sharding, remote stores, groups, ``region``/``append_dim``/``mode="a"``) is written by
-xarray from host copies, block by block for dask arrays.
+numeric variables is then written chunk by chunk from where it lies (:mod:`.chunks`): zstd and
+LZ4 chunks of GPU data through nvCOMP, every other compressor and host data through numcodecs
+on CPU threads; dask arrays a task per block, under dask's threaded or synchronous scheduler.
+Everything else (dask under other schedulers, CF transforms of the values, filters, sharding,
+remote stores, groups, ``region``/``append_dim``/``mode="a"``) is written by xarray from host
+copies.
 """
 
 from __future__ import annotations
