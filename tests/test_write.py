@@ -54,7 +54,8 @@ def _dataset(dtype="f4", shape=(7, 30, 41), seed=0, holes=True) -> xr.Dataset:
     else:
         data = values.astype(dtype)
         if holes:
-            data[:, : shape[1] // 3] = np.nan  # whole chunks of the fill value: not written
+            cut = (slice(None), slice(0, shape[1] // 3)) if len(shape) > 1 else slice(0, shape[0] // 3)
+            data[cut] = np.nan  # whole chunks of the fill value: not written
     dims = ("t", "y", "x")[: len(shape)]
     return xr.Dataset(
         {"v": (dims, data, {"units": "K", "long_name": "field"})},
@@ -112,11 +113,13 @@ def test_the_engine_writes_the_files_xarray_writes(tmp_path, fmt, chain, dtype):
 
 
 def test_random_writes_match_xarray(tmp_path, monkeypatch):
+    """Random codecs, dtypes, shapes and chunks, eager or in dask blocks of whole chunks, then
+    appended to along the first axis: the files xarray writes."""
     from cupy_xarray.write import chunks
 
     monkeypatch.setattr(chunks, "BATCH_BYTES", 3000)  # batches of a few chunks
     rng = np.random.default_rng(2026)
-    for case in range(24):
+    for case in range(32):
         fmt = int(rng.choice([2, 3]))
         chains = _chains(fmt)
         chain = list(chains)[int(rng.integers(len(chains)))]
@@ -125,13 +128,23 @@ def test_random_writes_match_xarray(tmp_path, monkeypatch):
         chunks = tuple(int(rng.integers(1, n + 3)) for n in shape)
         dtype = str(rng.choice(["f4", "f8", "i4", "u2", "i1"]))
         ds = _dataset(dtype, shape, seed=case, holes=bool(rng.integers(2)))
+        if rng.integers(2):  # dask blocks of one to three chunks along each axis
+            ds = ds.chunk({d: c * int(rng.integers(1, 4)) for d, c in zip(ds.v.dims, chunks)})
         enc = {"v": {"chunks": chunks, "compressors": chains[chain]}}
         a, b = tmp_path / f"a{case}.zarr", tmp_path / f"b{case}.zarr"
         ds.to_zarr(a, zarr_format=fmt, encoding=enc)
         with record_writes() as reports:
             ds.cupy.to_zarr(b, zarr_format=fmt, encoding=enc)
         assert reports[0].chunks + reports[0].empty > 0, (fmt, chain, shape, chunks, dtype)
+        assert reports[0].arrays == ["v"], str(reports[0])
         assert_same_files(a, b)
+        if rng.integers(3) == 0:  # appended to: xarray's write, into the engine's store
+            more = _dataset(dtype, shape, seed=case + 100).assign_coords(
+                {ds.v.dims[0]: np.arange(shape[0]) + 99}
+            )
+            more.to_zarr(a, append_dim=ds.v.dims[0])
+            more.cupy.to_zarr(b, append_dim=ds.v.dims[0])
+            assert_same_files(a, b)
 
 
 @pytest.mark.parametrize("shape", [(8, 32, 48), (9, 32, 48), (8, 30, 48), (64,), (6, 32)])
