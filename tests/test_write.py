@@ -433,3 +433,26 @@ def test_gpu_dask_blocks_are_written_by_the_engine(tmp_path, chain):
     xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)
     if not on_gpu or chain == "none":
         assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "fmt,chain,endian",
+    [(3, "none", "big"), (3, "zstd+crc32c", "big"), (3, "zstd-1", "little"), (2, "lz4", "")],
+)
+@pytest.mark.parametrize("dtype", ["f4", "f8", "i2"])
+def test_gpu_chunks_of_odd_sizes(tmp_path, fmt, chain, endian, dtype):
+    """Chunks whose bytes are not a multiple of the rows' alignment (420 bytes of f4), edge
+    chunks padded, big-endian v3 stores (their bytes codec says it)."""
+    ds = _dataset(dtype, shape=(7, 15, 11))
+    enc = {"v": {"chunks": (3, 7, 5), "compressors": _chains(fmt)[chain]}}
+    if endian:
+        enc["v"]["serializer"] = zarr.codecs.BytesCodec(endian=endian)
+    with record_writes() as reports:
+        ds.cupy.as_cupy().cupy.to_zarr(tmp_path / "g.zarr", zarr_format=fmt, encoding=enc)
+    assert reports[0].encoder == "gpu" and reports[0].arrays == ["v"], str(reports[0])
+    ds.to_zarr(tmp_path / "x.zarr", zarr_format=fmt, encoding=enc)
+    want = xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load()
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)
+    if chain == "none":
+        assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")

@@ -104,9 +104,10 @@ def _gather_rows(
     return True
 
 
-def _empties(xp: Any, rows: Any, native: np.dtype, fill: Any) -> Any:
-    """Per row (a chunk's elements), whether it holds only the fill value (NaN for NaN)."""
-    values = rows.view(native).reshape(rows.shape[0], -1)
+def _empties(xp: Any, rows: Any, nbytes: int, native: np.dtype, fill: Any) -> Any:
+    """Per row (a chunk's elements in its first ``nbytes``), whether it holds only the fill
+    value (NaN for NaN)."""
+    values = rows.view(native)[:, : nbytes // native.itemsize]
     if native.kind in "fc" and np.isnan(fill):
         return xp.isnan(values).all(axis=1)
     return (values == xp.asarray(fill, dtype=native)).all(axis=1)
@@ -243,7 +244,7 @@ def write_array(
                     for k, idx in enumerate(batch):
                         block = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, shape))]
                         _gather(xp, rows[k, :nbytes], block, shape, pad, native)
-                empty = _empties(xp, rows[:, :nbytes], native, fill) if check_empty else None
+                empty = _empties(xp, rows, nbytes, native, fill) if check_empty else None
                 _stored_order(xp, rows[:, :nbytes], shape, native, recipe)
                 pending = encoder.start(recipe, rows, nbytes, empty)
             del rows, empty
