@@ -299,6 +299,36 @@ def test_a_datatree(tmp_path):
     )
 
 
+def test_a_write_short_of_memory_goes_on_in_smaller_batches(tmp_path, monkeypatch):
+    """A batch that does not fit (cupy's OutOfMemoryError is a MemoryError) is written again
+    in halves, down to one chunk, and the report says so; one chunk that does not fit raises."""
+    from cupy_xarray.write import encoders
+
+    real = encoders.CPUEncoder.start
+    sizes = []
+
+    def short(self, recipe, buf, nbytes, empty):
+        sizes.append(buf.shape[0])
+        if buf.shape[0] > limit:
+            raise MemoryError("out of memory allocating a batch")
+        return real(self, recipe, buf, nbytes, empty)
+
+    monkeypatch.setattr(encoders.CPUEncoder, "start", short)
+    ds = _dataset(holes=False)
+    enc = {"v": {"chunks": (2, 8, 16), "compressors": zarr.codecs.ZstdCodec(level=1)}}
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    limit = 5
+    with record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    (report,) = reports
+    assert max(sizes) > limit and report.chunks == 4 * 4 * 3, (sizes, str(report))
+    assert report.notes and "memory ran short" in str(report), str(report)
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    limit = 0
+    with pytest.raises(MemoryError):
+        ds.cupy.to_zarr(tmp_path / "f.zarr", encoding=enc)
+
+
 def test_a_write_that_fails_midway_leaves_no_partial_chunk(tmp_path, monkeypatch):
     from cupy_xarray.write import chunks
 

@@ -41,6 +41,8 @@ class WriteReport:
     seconds: float = 0.0
     encode_wait_s: float = 0.0
     file_wait_s: float = 0.0
+    #: what the write had to do differently (smaller batches where memory ran short)
+    notes: list[str] = field(default_factory=list)
 
     def add(self, other: WriteReport) -> None:
         """Count ``other`` (a dask block's write) in this report."""
@@ -52,6 +54,7 @@ class WriteReport:
         for name in ("seconds", "encode_wait_s", "file_wait_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.device_bytes = max(self.device_bytes, other.device_bytes)
+        self.notes += [n for n in other.notes if n not in self.notes]
 
     def __str__(self) -> str:
         return (
@@ -59,7 +62,7 @@ class WriteReport:
             f"{self.empty} left out (fill value only), {self.nbytes / 2**20:.1f} MiB -> "
             f"{self.stored / 2**20:.1f} MiB in {self.batches} batch(es), {self.seconds:.3f} s "
             f"(waited {self.encode_wait_s:.3f} s for encoders, {self.file_wait_s:.3f} s for files), "
-            f"device memory {self.device_bytes / 2**20:.0f} MiB"
+            f"device memory {self.device_bytes / 2**20:.0f} MiB" + "".join(f"; {n}" for n in self.notes)
         )
 
 
@@ -236,18 +239,34 @@ def write_array(
     last: tuple[list, Pending] | None = None
     ok = False
     try:
-        for b, (first, size) in enumerate(zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes)):
-            batch = indexes[first : first + size]
-            with streams[b % len(streams)]:
-                rows = xp.empty((len(batch), stride), dtype=xp.uint8)
-                if not _gather_rows(xp, rows, data, batch, shape, native):
-                    for k, idx in enumerate(batch):
-                        block = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, shape))]
-                        _gather(xp, rows[k, :nbytes], block, shape, pad, native)
-                empty = _empties(xp, rows, nbytes, native, fill) if check_empty else None
-                _stored_order(xp, rows[:, :nbytes], shape, native, recipe)
-                pending = encoder.start(recipe, rows, nbytes, empty)
+        first, b = 0, 0
+        while first < len(indexes):
+            batch = indexes[first : first + sizes[0]]
+            try:
+                with streams[b % len(streams)]:
+                    rows = xp.empty((len(batch), stride), dtype=xp.uint8)
+                    if not _gather_rows(xp, rows, data, batch, shape, native):
+                        for k, idx in enumerate(batch):
+                            block = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, shape))]
+                            _gather(xp, rows[k, :nbytes], block, shape, pad, native)
+                    empty = _empties(xp, rows, nbytes, native, fill) if check_empty else None
+                    _stored_order(xp, rows[:, :nbytes], shape, native, recipe)
+                    pending = encoder.start(recipe, rows, nbytes, empty)
+            except MemoryError:  # cupy's OutOfMemoryError too: the rest in smaller batches
+                rows = empty = None
+                if len(batch) == 1 and last is None:
+                    raise
+                if last is not None:  # its memory back first
+                    _finish(*last, meta, origin, nbytes, files, report)
+                    last = None
+                if xp is not np:
+                    xp.get_default_memory_pool().free_all_blocks()
+                smaller = max(1, len(batch) // 2)
+                report.notes.append(f"memory ran short: batches of {smaller} chunks from chunk {first}")
+                sizes = _plan(len(indexes) - first, smaller, per_row)
+                continue
             del rows, empty
+            first, b, sizes = first + len(batch), b + 1, sizes[1:]
             held = pending.device_bytes + (last[1].device_bytes if last else 0)
             report.device_bytes = max(report.device_bytes, held)
             report.batches += 1
