@@ -154,11 +154,6 @@ def queue_copies(task: ChunkTask, data: np.ndarray, out: Any, cupy: Any, stream:
     elif boxes is not None and boxes.add(data, recipe, task.piece):
         pass  # copied by the caller's kernel launch, from where it is
     elif (copies := box_copies(recipe, task.piece, out.shape)) is not None:
-        if _staged(copies, recipe.nbytes, len(data)):
-            with stream:
-                scratch = cupy.empty(recipe.nbytes, dtype=cupy.uint8)
-            rt.memcpyAsync(scratch.data.ptr, src, recipe.nbytes, h2d, stream.ptr)
-            src, h2d = scratch.data.ptr, rt.memcpyDeviceToDevice
         for s, d, width, height, spitch, dpitch in copies:
             rt.memcpy2DAsync(out.data.ptr + d, dpitch, src + s, spitch, width, height, h2d, stream.ptr)
     else:
@@ -168,22 +163,6 @@ def queue_copies(task: ChunkTask, data: np.ndarray, out: Any, cupy: Any, stream:
             if hi > lo:
                 rt.memcpyAsync(scratch.data.ptr + lo, src + lo, hi - lo, h2d, stream.ptr)
             place_chunk(cupy, out, scratch, recipe, task.piece)
-
-
-#: rows of a box narrower than this go to the GPU in one copy of the chunk, then into place
-#: there: a host-to-device 2-D copy moves a row at a time (a 4 MiB tile of 2 KiB rows: about
-#: 2 ms, against 0.1 ms whole)
-STAGED_ROW_BYTES = 64 << 10
-
-
-def _staged(copies: list[tuple], chunk_bytes: int, have: int) -> bool:
-    """Whether a box's 2-D copies of short rows are better made on the GPU from one copy of the
-    whole chunk: rows narrower than :data:`STAGED_ROW_BYTES`, the box most of the chunk."""
-    if not copies or have < chunk_bytes:
-        return False
-    boxed = sum(width * height for _, _, width, height, _, _ in copies)
-    narrow = max(width for _, _, width, _, _, _ in copies) < STAGED_ROW_BYTES
-    return narrow and 2 * boxed >= chunk_bytes
 
 
 def place_from_host(task: ChunkTask, data: np.ndarray, out: Any, device: Any) -> None:
