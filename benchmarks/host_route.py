@@ -1,8 +1,7 @@
 """Where the host route of a GPU read spends its time: CPU threads read, decode and place each
 chunk (``decode="cpu"``, and the default's CPU share). Beside the read, on the same chunks: the
 reads alone, the decodes alone, the default read, and the read with each way of placing a
-tile (2-D copies from one copy of the chunk on the GPU, the scatter kernel) and with more
-threads.
+tile (2-D copies, a scratch chunk and the scatter kernel) and with more threads.
 
 Usage (GPU machine)::
 
