@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .encoders import EncodeError, Pending, Recipe, recipe_of
+from .encoders import EncodeError, Pending, Recipe
 
 #: bytes of chunks a batch holds in host memory (data on the host, or encoded by CPU threads)
 BATCH_BYTES = 1 << 30
@@ -49,9 +49,16 @@ class WriteReport:
         self.arrays += [a for a in other.arrays if a not in self.arrays]
         names = {n for n in (*self.encoder.split("+"), other.encoder) if n}
         self.encoder = "+".join(sorted(names))
-        for name in ("chunks", "empty", "nbytes", "stored", "batches"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("seconds", "encode_wait_s", "file_wait_s"):
+        for name in (
+            "chunks",
+            "empty",
+            "nbytes",
+            "stored",
+            "batches",
+            "seconds",
+            "encode_wait_s",
+            "file_wait_s",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.device_bytes = max(self.device_bytes, other.device_bytes)
         self.notes += [n for n in other.notes if n not in self.notes]
@@ -71,7 +78,7 @@ def chunk_shape(meta: Any) -> tuple[int, ...]:
     return tuple(grid.chunk_shape) if grid is not None else tuple(meta.chunks)
 
 
-def _gather(xp: Any, row: Any, block: Any, shape: tuple[int, ...], fill: Any, native: np.dtype) -> None:
+def _gather(row: Any, block: Any, shape: tuple[int, ...], fill: Any, native: np.dtype) -> None:
     """Put a chunk's elements in C order into ``row`` (uint8): edge chunks padded with the fill
     value to the whole chunk shape, as zarr-python writes them."""
     slot = row.view(native).reshape(shape)
@@ -81,9 +88,7 @@ def _gather(xp: Any, row: Any, block: Any, shape: tuple[int, ...], fill: Any, na
     slot[...] = block
 
 
-def _gather_rows(
-    xp: Any, rows: Any, data: Any, batch: list, shape: tuple[int, ...], native: np.dtype
-) -> bool:
+def _gather_rows(rows: Any, data: Any, batch: list, shape: tuple[int, ...], native: np.dtype) -> bool:
     """Put a batch of whole grid rows of interior chunks into ``rows`` with one copy (a view
     of ``data`` with the chunks' axes last); False where the batch is not such a block."""
     grid = [n // c for n, c in zip(data.shape[1:], shape[1:])]
@@ -169,15 +174,13 @@ class _Files:
             raise
 
     def wait(self) -> None:
-        pending, self.pending = self.pending, []
         try:
-            for f in pending:
+            for f in self.pending:
                 f.result()
         except BaseException:
-            for f in pending:  # no file is written after the error is raised
-                f.cancel()
-            cf.wait(pending)
+            self.close()  # no file is written after the error is raised
             raise
+        self.pending = []
 
     def close(self) -> None:
         """Cancel the files not begun, wait for those under way (after an error)."""
@@ -195,6 +198,7 @@ def _write_all(fd: int, view: memoryview) -> None:
 def write_array(
     directory: Path,
     meta: Any,
+    recipe: Recipe,
     data: Any,
     xp: Any,
     encoder: Any,
@@ -203,8 +207,9 @@ def write_array(
     origin: tuple[int, ...] | None = None,
 ) -> None:
     """Write the chunks of the zarr array in ``directory`` (created already, its metadata
-    ``meta``) that ``data`` (a numpy or cupy array, as ``xp``) covers: all of them, or from
-    chunk ``origin`` of its grid on (a dask block: its ends on chunk boundaries or the array's).
+    ``meta``, its codec chain ``recipe``) that ``data`` (a numpy or cupy array, as ``xp``)
+    covers: all of them, or from chunk ``origin`` of its grid on (a dask block: its ends on
+    chunk boundaries or the array's).
 
     Batches of chunks are gathered into rows of one buffer, checked for chunks of the fill
     value only, handed to ``encoder`` (which returns at once) and written by ``pool``'s threads
@@ -213,7 +218,6 @@ def write_array(
     """
     import zarr
 
-    recipe = recipe_of(meta)
     shape = chunk_shape(meta)
     origin = origin or (0,) * data.ndim
     ends = [(o * c + n) for o, c, n in zip(origin, shape, data.shape)]
@@ -245,10 +249,10 @@ def write_array(
             try:
                 with streams[b % len(streams)]:
                     rows = xp.empty((len(batch), stride), dtype=xp.uint8)
-                    if not _gather_rows(xp, rows, data, batch, shape, native):
+                    if not _gather_rows(rows, data, batch, shape, native):
                         for k, idx in enumerate(batch):
                             block = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, shape))]
-                            _gather(xp, rows[k, :nbytes], block, shape, pad, native)
+                            _gather(rows[k, :nbytes], block, shape, pad, native)
                     empty = _empties(xp, rows, nbytes, native, fill) if check_empty else None
                     _stored_order(xp, rows[:, :nbytes], shape, native, recipe)
                     pending = encoder.start(recipe, rows, nbytes, empty)

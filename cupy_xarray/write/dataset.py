@@ -25,7 +25,7 @@ import xarray as xr
 from ..device import host_copy, is_dask_array
 from ..engine.notes import collecting, file
 from .chunks import WriteReport, chunk_shape, write_array
-from .encoders import CPUEncoder, GPUEncoder, Unsupported, recipe_of
+from .encoders import CPUEncoder, GPUEncoder, Recipe, Unsupported, recipe_of
 
 _recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
 
@@ -203,14 +203,14 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
             data = ds[name].variable._data
             meta = _meta(root, name)
             try:
-                recipe_of(meta)
+                recipe = recipe_of(meta)
             except Unsupported:
                 lazy.append(name)  # another codec chain: zarr-python encodes it, below
                 continue
             if name in fast:
-                writer.write(name, data, meta)
+                writer.write(name, data, meta, recipe)
             elif _aligned(data.chunks, chunk_shape(meta)):
-                tasks += _block_writes(writer, name, data, meta)
+                tasks += _block_writes(writer, name, data, meta, recipe)
             else:
                 lazy.append(name)  # dask chunks across zarr chunks: xarray's checks and write
     except BaseException:
@@ -247,14 +247,15 @@ class _ChunkWriter:
         self.report = WriteReport()
         self._lock = threading.Lock()
 
-    def write(self, name: str, data: Any, meta: Any, origin: tuple[int, ...] | None = None) -> None:
+    def write(
+        self, name: str, data: Any, meta: Any, recipe: Recipe, origin: tuple[int, ...] | None = None
+    ) -> None:
         """Write the chunks ``data`` covers (from chunk ``origin`` on) from where it lies."""
         xp = _xp(data)
-        recipe = recipe_of(meta)
         chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
         encoder = self.gpu if xp is not np and self.gpu.supports(recipe, chunk_bytes) else self.cpu
         part = WriteReport()
-        write_array(self.root / name, meta, data, xp, encoder, self.pool, part, origin)
+        write_array(self.root / name, meta, recipe, data, xp, encoder, self.pool, part, origin)
         with self._lock:
             self.report.add(part)
 
@@ -279,23 +280,19 @@ def _aligned(chunks: tuple[tuple[int, ...], ...], shape: tuple[int, ...]) -> boo
     return all(all(n % c == 0 for n in sizes[:-1]) for sizes, c in zip(chunks, shape))
 
 
-def _block_writes(writer: _ChunkWriter, name: str, data: Any, meta: Any) -> list:
+def _block_writes(writer: _ChunkWriter, name: str, data: Any, meta: Any, recipe: Recipe) -> list:
     """One dask task per block of ``data``: its chunks written by the engine."""
     import dask
 
     shape = chunk_shape(meta)
     starts = [np.concatenate([[0], np.cumsum(sizes)[:-1]]) for sizes in data.chunks]
     blocks = data.to_delayed()
-    write = dask.delayed(_write_block, pure=False)
+    write = dask.delayed(writer.write, pure=False)
     tasks = []
     for idx in np.ndindex(blocks.shape):
         origin = tuple(int(starts[d][i]) // shape[d] for d, i in enumerate(idx))
-        tasks.append(write(writer, name, blocks[idx], meta, origin))
+        tasks.append(write(name, blocks[idx], meta, recipe, origin))
     return tasks
-
-
-def _write_block(writer: _ChunkWriter, name: str, block: Any, meta: Any, origin: tuple[int, ...]) -> None:
-    writer.write(name, block, meta, origin)
 
 
 def _close(writer: _ChunkWriter | None, *done: Any) -> None:
