@@ -6,12 +6,15 @@ A float32 ``(T, 2048, 2048)`` field of smooth data in 4 MiB tiles ``(4, 512, 512
 (and LZ4 with ``--codec lz4``). Stages alone, best of three:
 
 - nvCOMP alone: every tile already contiguous in device memory, compressed by the writer's
-  C-API encoder in one call, and in calls of 128 to 1,024 tiles;
+  C-API encoder in one call, in calls of 128 to 1,024 tiles, and in calls of the smallest
+  batch size from two threads on two streams (do two calls run side by side?);
 - files alone: the same number of files of the compressed size written by the writer's
   threads (temporary names renamed into place) into a fresh directory;
 - the engine's whole write into a fresh directory at several batch sizes
   (``encoders.GPU_BATCH_CHUNKS``), with its report: time waiting for the encoder and for
-  files, device memory its batches held; and with CPU threads compressing instead of nvCOMP.
+  files, device memory its batches held; with nvCOMP and CPU threads sharing each batch
+  (``--shares``: CPU threads' share of the chunks, ``encoders.CPU_SHARE``); and with CPU
+  threads compressing instead of nvCOMP.
 
 Directories are deleted outside the timed part (a write with ``mode="w"`` over an existing
 store also pays the deletion).
@@ -63,6 +66,7 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/wphases")
     ap.add_argument("--codec", default="zstd", choices=["zstd", "lz4"])
     ap.add_argument("--batches", default="256,512,1024")
+    ap.add_argument("--shares", default="0,0.1,0.2,0.3")
     args = ap.parse_args()
     t = max(4, int(args.size_gib * 2**30 / (2048 * 2048 * 4)) // 4 * 4)
     field = cupy.asarray(smooth_field((t, 2048, 2048)))
@@ -91,6 +95,23 @@ def main() -> None:
     for per in (n, *(int(b) for b in args.batches.split(",") if int(b) < n)):
         s = best(nvcomp_alone(per))
         print(f"  nvCOMP alone, calls of {per:<5} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s", flush=True)
+    per = min(int(b) for b in args.batches.split(","))
+
+    def two_threads():
+        streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+        starts = list(range(0, n, per))
+
+        def side(j):
+            with streams[j]:
+                jobs = [enc.compress(rows[s : s + per], tile_bytes, streams[j]) for s in starts[j::2]]
+                streams[j].synchronize()
+                return jobs
+
+        with cf.ThreadPoolExecutor(2) as pool:
+            list(pool.map(side, range(2)))
+
+    s = best(two_threads)
+    print(f"  nvCOMP alone, calls of {per} from 2 threads {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s", flush=True)
     sizes = out["sizes"].astype(np.int64)
     print(f"  compressed {sizes.sum() / 2**20:.0f} MiB, ratio {field.nbytes / sizes.sum():.2f}")
 
@@ -128,6 +149,20 @@ def main() -> None:
             f"(last: {r.batches} batches, encoder wait {r.encode_wait_s * 1e3:.0f} ms, file wait "
             f"{r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; batches held "
             f"{r.device_bytes / 2**30:.2f} GiB, peak GPU {mem.used / field.nbytes:.2f}x data)",
+            flush=True,
+        )
+    encoders.GPU_BATCH_CHUNKS = per
+    for share in [float(x) for x in args.shares.split(",")]:
+        encoders.CPU_SHARE[algo] = share
+        with PeakGPUMemory() as mem, record_writes() as reports:
+            s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, True))
+        r = reports[-1]
+        stored = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+        print(
+            f"  engine, CPU share {share:<4} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   ({r.encoder}, "
+            f"batches of {per}, encoder wait {r.encode_wait_s * 1e3:.0f} ms, file wait "
+            f"{r.file_wait_s * 1e3:.0f} ms, stored {stored / 2**20:.0f} MiB, peak GPU "
+            f"{mem.used / field.nbytes:.2f}x data)",
             flush=True,
         )
     # the same write with the chunks compressed by CPU threads (a batch copied to the host at a time)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import zlib
 
+import google_crc32c
 import numcodecs
 import numpy as np
 import pytest
@@ -343,6 +344,7 @@ def test_padded_blosc_chunks_are_read(tmp_path, device, fmt, shuffle, choice):
 def test_segmented_checksums_equal_zlib(n):
     data = np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes()
     assert checksums.crc32_segmented(data) == zlib.crc32(data)
+    assert checksums.crc32_segmented(data, "crc32c") == google_crc32c.value(data)
     assert checksums.adler32_segmented(data) == zlib.adler32(data)
     ones = b"\xff" * n  # the largest sums Adler-32 meets
     assert checksums.adler32_segmented(ones) == zlib.adler32(ones)
@@ -413,11 +415,16 @@ def test_checksum_kernels_equal_the_host():
     ptrs = np.array(ptrs, dtype=np.uint64)
     lens = np.array(lengths, dtype=np.int64)
     crc = checksums.compute("crc32", ptrs, lens)
+    crcc = checksums.compute("crc32c", ptrs, lens)
+    # the writer's form: lengths on the device, segments laid out for a bound on all of them
+    d_ptrs, d_lens = cupy.asarray(ptrs), cupy.asarray(lens.astype(np.uint64))
+    bounded = checksums.crc_start("crc32c", d_ptrs, d_lens, len(lens), max(lengths) + 5000).get()
     adler = checksums.compute("adler32", ptrs, lens)
     xxh = checksums.compute("xxh64", ptrs, lens)
     for i, s in enumerate(streams):
         b = s.tobytes()
         assert int(crc[i]) == zlib.crc32(b), lengths[i]
+        assert int(crcc[i]) == int(bounded[i]) == google_crc32c.value(b), lengths[i]
         assert int(adler[i]) == zlib.adler32(b), lengths[i]
         if lengths[i] <= 65536 + 13:
             assert int(xxh[i]) == _xxh64(b), lengths[i]

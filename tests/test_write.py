@@ -97,6 +97,17 @@ CASES = [(fmt, name) for fmt in (2, 3) for name in _chains(fmt)]
 NVCOMP_CHAINS = {"zstd-1", "zstd-3", "zstd-0", "zstd+crc32c", "lz4", "lz4+crc32c"}
 
 
+def _gpu_encoder(chain: str) -> str:
+    """The encoder of GPU data: nvCOMP sharing batches with CPU threads, nvCOMP (uncompressed
+    and crc32c chunks), or CPU threads."""
+    from cupy_xarray.write import encoders
+
+    if chain in NVCOMP_CHAINS:
+        algo = "LZ4" if chain.startswith("lz4") else "Zstd"
+        return "gpu+cpu" if encoders.CPU_SHARE[algo] > 0 else "gpu"
+    return "gpu" if chain in ("none", "crc32c") else "cpu"
+
+
 @pytest.mark.parametrize("fmt,chain", CASES, ids=[f"v{f}-{c}" for f, c in CASES])
 @pytest.mark.parametrize("dtype", ["f4", "i2", "u1", "f8", "bool"])
 def test_the_engine_writes_the_files_xarray_writes(tmp_path, fmt, chain, dtype):
@@ -162,6 +173,34 @@ def test_batches_of_grid_rows_and_of_single_chunks(tmp_path, monkeypatch, shape,
     with record_writes() as reports:
         ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
     assert reports[0].batches >= (2 if batch_bytes < 1 << 30 else 1), str(reports[0])
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.5, 1.0])
+@pytest.mark.parametrize("chain", ["zstd-1", "zstd+crc32c", "lz4+crc32c"])
+def test_batches_shared_between_two_encoders(tmp_path, monkeypatch, share, chain):
+    """A batch split between two encoders (nvCOMP and CPU threads on a GPU; here CPU threads
+    on both sides) and merged back: chunk order, chunks of the fill value, crc32c."""
+    from cupy_xarray.write import chunks, dataset, encoders
+
+    monkeypatch.setitem(encoders.CPU_SHARE, "Zstd", share)
+    monkeypatch.setitem(encoders.CPU_SHARE, "LZ4", share)
+    monkeypatch.setattr(chunks, "BATCH_BYTES", 7 * 2 * 16 * 16 * 4)  # batches of 7 chunks
+    shared = []
+
+    def encoder_for(self, on_gpu, recipe, chunk_bytes):
+        shared.append(encoders.SharedEncoder(self.cpu, self.cpu))
+        return shared[-1] if shared[-1].supports(recipe, chunk_bytes) else self.cpu
+
+    monkeypatch.setattr(dataset._ChunkWriter, "encoder_for", encoder_for)
+    ds = _dataset("f4", (8, 48, 48))  # chunks of NaN only among them
+    enc = {"v": {"chunks": (2, 16, 16), "compressors": _chains(3)[chain]}}
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    with record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    (report,) = reports
+    assert report.encoder == ("gpu+cpu" if share else "cpu") and report.batches >= 3, str(report)
+    assert report.empty > 0, str(report)
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
 
 
@@ -392,7 +431,7 @@ def test_gpu_data_written_reads_back_bitwise(tmp_path, monkeypatch, fmt, chain, 
         gds.cupy.to_zarr(tmp_path / "g.zarr", zarr_format=fmt, encoding=enc)
     (report,) = reports
     on_gpu = chain in NVCOMP_CHAINS or chain in ("none", "crc32c")
-    assert report.arrays == ["v"] and report.encoder == ("gpu" if on_gpu else "cpu"), str(report)
+    assert report.arrays == ["v"] and report.encoder == _gpu_encoder(chain), str(report)
     assert report.batches >= (15 if on_gpu and batch == 2 else 1), str(report)  # 30 chunks
     assert report.device_bytes > 0 if on_gpu else True, str(report)
     ds.to_zarr(tmp_path / "x.zarr", zarr_format=fmt, encoding=enc)
@@ -404,6 +443,37 @@ def test_gpu_data_written_reads_back_bitwise(tmp_path, monkeypatch, fmt, chain, 
         assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")
     back = xr.open_dataset(tmp_path / "g.zarr", engine="kvikio").load()
     xr.testing.assert_identical(back.cupy.as_numpy(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [0.0, 0.25, 1.0])
+@pytest.mark.parametrize("chain", ["none", "crc32c", "zstd-1", "zstd+crc32c", "lz4", "lz4+crc32c"])
+def test_gpu_batches_shared_with_cpu_threads(tmp_path, monkeypatch, share, chain):
+    """nvCOMP alone, nvCOMP and CPU threads sharing each batch, CPU threads alone (each
+    batch's rows copied to the host); crc32c computed on the GPU: zarr-python reads the values
+    written, and what CPU threads or the GPU's crc32c wrote is byte for byte zarr-python's."""
+    from cupy_xarray.write import encoders
+
+    monkeypatch.setitem(encoders.CPU_SHARE, "Zstd", share)
+    monkeypatch.setitem(encoders.CPU_SHARE, "LZ4", share)
+    monkeypatch.setattr(encoders, "GPU_BATCH_CHUNKS", 8)
+    ds = _dataset("f4", (8, 48, 48))
+    enc = {"v": {"chunks": (2, 16, 16), "compressors": _chains(3)[chain]}}
+    with record_writes() as reports:
+        ds.cupy.as_cupy().cupy.to_zarr(tmp_path / "g.zarr", encoding=enc)
+    (report,) = reports
+    assert report.encoder == _gpu_encoder(chain) and report.empty > 0, str(report)
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    want = xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load()
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)
+    if chain in ("none", "crc32c") or share == 1.0:
+        assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")
+    elif chain.endswith("crc32c"):  # the GPU's crc32c over nvCOMP's frames: google-crc32c's
+        import google_crc32c
+
+        for path in _files(tmp_path / "g.zarr" / "v" / "c").values():
+            raw = path.read_bytes()
+            assert google_crc32c.value(raw[:-4]) == int.from_bytes(raw[-4:], "little"), path
 
 
 @pytest.mark.gpu
@@ -456,7 +526,7 @@ def test_gpu_dask_blocks_are_written_by_the_engine(tmp_path, chain):
         gds.cupy.to_zarr(tmp_path / "g.zarr", encoding=enc)
     (report,) = reports
     on_gpu = chain in NVCOMP_CHAINS or chain == "none"
-    assert report.arrays == ["v"] and report.encoder == ("gpu" if on_gpu else "cpu"), str(report)
+    assert report.arrays == ["v"] and report.encoder == _gpu_encoder(chain), str(report)
     assert report.chunks + report.empty == 6 * 2 * 2, str(report)
     ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
     want = xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load()
@@ -480,7 +550,7 @@ def test_gpu_chunks_of_odd_sizes(tmp_path, fmt, chain, endian, dtype):
         enc["v"]["serializer"] = zarr.codecs.BytesCodec(endian=endian)
     with record_writes() as reports:
         ds.cupy.as_cupy().cupy.to_zarr(tmp_path / "g.zarr", zarr_format=fmt, encoding=enc)
-    assert reports[0].encoder == "gpu" and reports[0].arrays == ["v"], str(reports[0])
+    assert reports[0].encoder == _gpu_encoder(chain) and reports[0].arrays == ["v"], str(reports[0])
     ds.to_zarr(tmp_path / "x.zarr", zarr_format=fmt, encoding=enc)
     want = xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load()
     xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)

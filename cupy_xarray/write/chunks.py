@@ -148,10 +148,11 @@ class _Files:
         self.dirs: set[Path] = set()
         self.pending: list[cf.Future] = []
 
-    def put(self, key: str, data: np.ndarray) -> None:
-        self.pending.append(self.pool.submit(self._put, key, data))
+    def put(self, key: str, data: np.ndarray, crc: int | None = None) -> None:
+        """Write ``data`` as chunk ``key``, then its crc32c (``crc`` where already computed)."""
+        self.pending.append(self.pool.submit(self._put, key, data, crc))
 
-    def _put(self, key: str, data: np.ndarray) -> None:
+    def _put(self, key: str, data: np.ndarray, crc: int | None = None) -> None:
         path = self.root / key
         parent = path.parent
         if parent not in self.dirs:
@@ -163,9 +164,11 @@ class _Files:
             try:
                 _write_all(fd, memoryview(data).cast("B"))
                 if self.crc32c:
-                    from ..engine.decoders import crc32c
+                    if crc is None:
+                        from ..engine.decoders import crc32c
 
-                    _write_all(fd, memoryview(crc32c.value(data).to_bytes(4, "little")))
+                        crc = crc32c.value(data)
+                    _write_all(fd, memoryview(crc.to_bytes(4, "little")))
             finally:
                 os.close(fd)
             _rename(tmp, path)
@@ -316,7 +319,7 @@ def _finish(
     batch before are written: at most two batches of host memory are held)."""
     t = time.perf_counter()
     try:
-        encoded, _ = pending.result()
+        encoded = pending.result()
     except EncodeError as exc:
         key = meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, batch[exc.index])))
         raise RuntimeError(f"{files.root}: chunk {key!r} was not written: {exc}") from exc
@@ -324,11 +327,12 @@ def _finish(
     report.encode_wait_s += w - t
     files.wait()
     report.file_wait_s += time.perf_counter() - w
-    for idx, enc in zip(batch, encoded):
+    crcs = encoded.crc32c or [None] * len(batch)
+    for idx, enc, crc in zip(batch, encoded.chunks, crcs):
         if enc is None:
             report.empty += 1
             continue
-        files.put(meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, idx))), enc)
+        files.put(meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, idx))), enc, crc)
         report.chunks += 1
         report.stored += len(enc) + (4 if files.crc32c else 0)
         report.nbytes += nbytes

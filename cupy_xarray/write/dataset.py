@@ -25,7 +25,7 @@ import xarray as xr
 from ..device import host_copy, is_dask_array
 from ..engine.notes import collecting, file
 from .chunks import WriteReport, chunk_shape, write_array
-from .encoders import CPUEncoder, GPUEncoder, Recipe, Unsupported, recipe_of
+from .encoders import CPUEncoder, GPUEncoder, Recipe, SharedEncoder, Unsupported, recipe_of
 
 _recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
 
@@ -34,7 +34,8 @@ _recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_x
 def record_writes():
     """Collect the :class:`~cupy_xarray.write.WriteReport` of every ``.cupy.to_zarr`` made
     inside the block (in this thread or task): arrays whose chunks the engine wrote, the
-    encoder (``"gpu"``: nvCOMP, ``"cpu"``: CPU threads), chunks written and left out, bytes.
+    encoder (``"gpu"``: nvCOMP, ``"cpu"``: CPU threads, ``"gpu+cpu"``: both, a share of each
+    batch each), chunks written and left out, bytes.
 
     Examples
     --------
@@ -243,6 +244,7 @@ class _ChunkWriter:
 
         self.root = root
         self.gpu, self.cpu = GPUEncoder(threads), CPUEncoder(threads)
+        self.shared = SharedEncoder(self.gpu, self.cpu)
         self.pool = cf.ThreadPoolExecutor(threads, thread_name_prefix="cupy_xarray-write")
         self.report = WriteReport()
         self._lock = threading.Lock()
@@ -253,11 +255,20 @@ class _ChunkWriter:
         """Write the chunks ``data`` covers (from chunk ``origin`` on) from where it lies."""
         xp = _xp(data)
         chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
-        encoder = self.gpu if xp is not np and self.gpu.supports(recipe, chunk_bytes) else self.cpu
+        encoder = self.encoder_for(xp is not np, recipe, chunk_bytes)
         part = WriteReport()
         write_array(self.root / name, meta, recipe, data, xp, encoder, self.pool, part, origin)
         with self._lock:
             self.report.add(part)
+
+    def encoder_for(self, on_gpu: bool, recipe: Recipe, chunk_bytes: int) -> Any:
+        """Data on the host: CPU threads; on the GPU: nvCOMP and CPU threads sharing the
+        batches, nvCOMP alone, or CPU threads, the first that supports the chain."""
+        if on_gpu:
+            for choice in (self.shared, self.gpu):
+                if choice.supports(recipe, chunk_bytes):
+                    return choice
+        return self.cpu
 
     def close(self) -> None:
         self.cpu.close()

@@ -1,9 +1,11 @@
 """Chunk encoders: a chunk's bytes in memory -> the bytes its file holds, many chunks a call.
 
-One interface, two implementations: :class:`CPUEncoder` (numcodecs on CPU threads: the same
-bytes zarr-python writes) and :class:`GPUEncoder` (one nvCOMP call per batch of chunks in GPU
-memory, the compressed bytes copied to the host once). ``start`` queues a batch and returns a
-:class:`Pending` at once, so that the files of one batch are written while the next encodes.
+One interface, three implementations: :class:`CPUEncoder` (numcodecs on CPU threads: the same
+bytes zarr-python writes), :class:`GPUEncoder` (one nvCOMP call per batch of chunks in GPU
+memory, crc32c computed there too, the compressed bytes copied to the host once) and
+:class:`SharedEncoder` (a batch's chunks shared between the two, so that both work). ``start``
+queues a batch and returns a :class:`Pending` at once, so that the files of one batch are
+written while the next encodes.
 What a chunk's codec chain asks for is a :class:`Recipe`; :func:`recipe_of` reads it from a
 zarr array's metadata.
 """
@@ -108,21 +110,45 @@ class EncodeError(RuntimeError):
         self.index = index
 
 
-class Pending:
-    """An encode under way: :meth:`result` waits for it and gives each chunk's file bytes in
-    host memory (None for a chunk left out) and whether each chunk held only the fill value."""
+@dataclass
+class Encoded:
+    """A batch's encoded chunks in host memory."""
 
-    def __init__(self, finish: Callable[[], tuple[list, np.ndarray | None]], device_bytes: int = 0) -> None:
+    #: each chunk's file bytes (None: left out, it holds only the fill value)
+    chunks: list
+    #: each chunk's crc32c where the encoder computed it (None: the file threads compute it)
+    crc32c: list | None = None
+
+
+class Pending:
+    """An encode under way: :meth:`result` waits for it."""
+
+    def __init__(self, finish: Callable[[], Encoded], device_bytes: int = 0) -> None:
         self._finish = finish
         #: device memory the batch holds until its result is taken
         self.device_bytes = device_bytes
 
-    def result(self) -> tuple[list, np.ndarray | None]:
+    def result(self) -> Encoded:
         return self._finish()
 
 
 def _rows(host: np.ndarray, nbytes: int, empty: np.ndarray | None) -> list:
     return [None if empty is not None and empty[k] else host[k, :nbytes] for k in range(host.shape[0])]
+
+
+def _to_host(buf: Any, empty: Any) -> tuple[np.ndarray, np.ndarray | None, Any]:
+    """Queue the copy of a GPU batch (and its fill-value flags) into pinned host memory on the
+    current stream: the host arrays and an event that marks the copy done."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    host = pinned_host(buf.nbytes).reshape(buf.shape)
+    _copy_to_host(host.ctypes.data, buf.data.ptr, buf.nbytes, stream)
+    flags = None
+    if empty is not None:
+        flags = pinned_host(len(empty)).view(np.bool_)
+        _copy_to_host(flags.ctypes.data, empty.data.ptr, len(empty), stream)
+    return host, flags, _record(stream)
 
 
 class CPUEncoder:
@@ -156,29 +182,41 @@ class CPUEncoder:
 
     def start(self, recipe: Recipe, buf: Any, nbytes: int, empty: Any) -> Pending:
         """Encode the first ``nbytes`` of each row of ``buf`` (a ``(chunks, stride)`` uint8
-        array, host or GPU) but those ``empty`` marks."""
+        array, host or GPU) but those ``empty`` marks. GPU rows are copied to the host on the
+        current stream; the threads begin once the copy is done (nothing here waits for it)."""
         from ..device import is_cupy_array
 
+        copied, device = None, None
         if is_cupy_array(buf):
-            host = pinned_host(buf.nbytes).reshape(buf.shape)
-            buf.get(out=host)
-            empty = empty.get() if empty is not None else None
-            buf = host
-        rows = _rows(buf, nbytes, empty)
+            device = [buf, empty]  # alive until the copy finished
+            buf, empty, copied = _to_host(buf, empty)
         codec = self._codec(recipe)
         if codec is None:
-            return Pending(lambda: (rows, empty))
+            if copied is not None:
+                copied.synchronize()
+            rows = _rows(buf, nbytes, empty)
+            return Pending(lambda: Encoded(rows))
 
-        def one(raw: np.ndarray | None) -> np.ndarray | None:
-            if raw is None:
+        def one(k: int) -> np.ndarray | None:
+            if copied is not None:
+                copied.synchronize()
+            if empty is not None and empty[k]:
                 return None
+            raw = buf[k, :nbytes]
             typed = raw.view(recipe.typed) if recipe.typed is not None else raw
             return numcodecs_bytes(codec.encode(typed))
 
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="cupy_xarray-encode")
-        futures = [self._pool.submit(one, r) for r in rows]
-        return Pending(lambda: ([f.result() for f in futures], empty))
+        futures = [self._pool.submit(one, k) for k in range(buf.shape[0])]
+
+        def result() -> Encoded:
+            chunks = [f.result() for f in futures]
+            if device is not None:
+                device.clear()
+            return Encoded(chunks)
+
+        return Pending(result)
 
 
 def numcodecs_bytes(encoded: Any) -> np.ndarray:
@@ -243,38 +281,46 @@ class GPUEncoder:
         pass
 
     def start(self, recipe: Recipe, buf: Any, nbytes: int, empty: Any) -> Pending:
+        """Queue the batch on the current stream: nvCOMP's call, the crc32c of each chunk's
+        file bytes, the copies of sizes, statuses and flags to the host."""
         import cupy
 
         stream = cupy.cuda.get_current_stream()
         n = buf.shape[0]
         flags = pinned_host(n).view(np.bool_) if empty is not None else None
         if flags is not None:
-            cupy.cuda.runtime.memcpyAsync(
-                flags.ctypes.data, empty.data.ptr, n, cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr
-            )
+            _copy_to_host(flags.ctypes.data, empty.data.ptr, n, stream)
         algo = self.algorithm(recipe)
         if algo is None:
+            crcs = None
+            if recipe.crc32c:
+                starts = buf.data.ptr + np.arange(n, dtype=np.uint64) * np.uint64(buf.strides[0])
+                lens = np.full(n, nbytes, dtype=np.int64)
+                crcs = _crc32c_to_host(cupy.asarray(starts), cupy.asarray(lens), n, lens, stream)
             host = pinned_host(buf.nbytes).reshape(buf.shape)
             _copy_to_host(host.ctypes.data, buf.data.ptr, buf.nbytes, stream)
             done = _record(stream)
             held = [buf, empty]  # until the copy finished
 
-            def plain() -> tuple[list, np.ndarray | None]:
+            def plain() -> Encoded:
                 done.synchronize()
                 held.clear()
-                return _rows(host, nbytes, flags), flags
+                return Encoded(_rows(host, nbytes, flags), _crc_list(crcs))
 
             return Pending(plain, buf.nbytes)
         job = batched_encoder(algo).compress(buf, nbytes, stream)
+        prefix = 4 if algo == "LZ4" else 0  # numcodecs' LZ4: the decoded size, then the block
+        crcs = None
+        if recipe.crc32c and not prefix:  # (a prefixed block's crc32c covers its prefix too)
+            crcs = _crc32c_to_host(job.ptrs, job.sizes, n, job.out.strides[0], stream)
         sizes = pinned_host(8 * n).view(np.uint64)
         statuses = pinned_host(4 * n).view(np.int32)
         _copy_to_host(sizes.ctypes.data, job.sizes.data.ptr, 8 * n, stream)
         _copy_to_host(statuses.ctypes.data, job.statuses.data.ptr, 4 * n, stream)
         done = _record(stream)
         held = [empty]
-        prefix = 4 if algo == "LZ4" else 0  # numcodecs' LZ4: the decoded size, then the block
 
-        def compressed() -> tuple[list, np.ndarray | None]:
+        def compressed() -> Encoded:
             done.synchronize()
             keep = np.ones(n, bool) if flags is None else ~flags
             bad = np.flatnonzero((statuses != 0) & keep)
@@ -296,9 +342,68 @@ class GPUEncoder:
                 _copy_to_host(dst, job.out.data.ptr + k * slot, int(sizes[k]), stream)
             stream.synchronize()
             held.clear()
-            return [host[s : s + m] if m else None for s, m in zip(starts.tolist(), lengths.tolist())], flags
+            files = [host[s : s + m] if m else None for s, m in zip(starts.tolist(), lengths.tolist())]
+            return Encoded(files, _crc_list(crcs))
 
-        return Pending(compressed, buf.nbytes + job.out.nbytes + job.keep[2].nbytes)
+        return Pending(compressed, buf.nbytes + job.nbytes)
+
+
+def _crc32c_to_host(ptrs: Any, lens: Any, n: int, bound: Any, stream: Any) -> np.ndarray:
+    """Queue the crc32c of ``n`` device streams and its copy into pinned host memory."""
+    from ..engine.decoders.checksums import crc_start
+
+    values = crc_start("crc32c", ptrs, lens, n, bound)
+    host = pinned_host(4 * n).view(np.uint32)
+    _copy_to_host(host.ctypes.data, values.data.ptr, 4 * n, stream)
+    return host
+
+
+def _crc_list(crcs: np.ndarray | None) -> list | None:
+    return None if crcs is None else crcs.tolist()
+
+
+class SharedEncoder:
+    """A batch shared between nvCOMP and CPU threads: its last rows (a share of
+    :data:`CPU_SHARE` for the algorithm) copied to the host and compressed by numcodecs while
+    nvCOMP compresses the others. CPU threads write libzstd's frames or liblz4's blocks: the
+    files read the same."""
+
+    name = "gpu+cpu"
+
+    def __init__(self, gpu: GPUEncoder, cpu: CPUEncoder) -> None:
+        self.gpu, self.cpu = gpu, cpu
+        self.alignment = gpu.alignment
+
+    @staticmethod
+    def share(recipe: Recipe) -> float:
+        """The share of a batch's chunks CPU threads compress."""
+        return CPU_SHARE.get(GPUEncoder.algorithm(recipe) or "", 0.0)
+
+    def supports(self, recipe: Recipe, chunk_bytes: int = 0) -> bool:
+        return self.gpu.supports(recipe, chunk_bytes) and self.share(recipe) > 0
+
+    def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int, recipe: Recipe) -> int:
+        return self.gpu.batch_chunks(chunk_bytes, stride, host_bytes, recipe)
+
+    def close(self) -> None:
+        pass
+
+    def start(self, recipe: Recipe, buf: Any, nbytes: int, empty: Any) -> Pending:
+        n = buf.shape[0]
+        k = n - round(n * self.share(recipe)) if n > 1 else n
+        # the CPU rows' copy is queued first: nvCOMP's call after it on the stream
+        cpu = self.cpu.start(recipe, buf[k:], nbytes, None if empty is None else empty[k:]) if k < n else None
+        gpu = self.gpu.start(recipe, buf[:k], nbytes, None if empty is None else empty[:k]) if k else None
+
+        def both() -> Encoded:
+            first = gpu.result() if gpu is not None else Encoded([])
+            if cpu is None:
+                return first
+            rest = cpu.result()
+            crcs = None if first.crc32c is None else first.crc32c + [None] * len(rest.chunks)
+            return Encoded(first.chunks + rest.chunks, crcs)
+
+        return Pending(both, gpu.device_bytes if gpu is not None else buf.nbytes)
 
 
 #: frames one nvCOMP call compresses at most. On an H200, 4 GiB of 4 MiB zstd tiles: nvCOMP
@@ -306,6 +411,9 @@ class GPUEncoder:
 #: took 586 ms in batches of 256, 611 of 384, 692 of 512 (smaller batches overlap the files
 #: better), with 2.5x, 3.4x and 3.9x the data's bytes of device memory
 GPU_BATCH_CHUNKS = 256
+
+#: the share of a batch's chunks :class:`SharedEncoder` gives CPU threads, by nvCOMP algorithm
+CPU_SHARE = {"Zstd": 0.2, "LZ4": 0.5}
 
 
 def pinned_host(nbytes: int) -> np.ndarray:

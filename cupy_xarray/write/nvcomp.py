@@ -9,13 +9,12 @@ slot of the size nvCOMP says it may need and reports its size and a status.
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..engine.decoders.nvcomp import _Alignments, _function, enabled, library, status_text, version
+from ..engine.decoders.nvcomp import _Alignments, _function, one_per_algorithm, status_text, version
 
 #: compressors the writer runs on the GPU, by the nvCOMP algorithm that makes their streams
 ALGORITHMS = ("Zstd", "LZ4")
@@ -37,7 +36,13 @@ class Compressed:
     sizes: Any  # device uint64 (n,)
     statuses: Any  # device int32 (n,)
     out: Any  # device uint8 (n, slot)
+    ptrs: Any  # device uint64 (n,): where each chunk's output starts
     keep: tuple  # device memory the call reads or writes: alive until it finished
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory the call holds beyond its input: output slots and scratch."""
+        return int(self.out.nbytes + self.keep[2].nbytes)
 
 
 class BatchedEncoder:
@@ -113,25 +118,16 @@ class BatchedEncoder:
         if status != 0:
             why = status_text(status)
             raise RuntimeError(f"nvCOMP {self.algo}: batched compression failed to launch ({why})")
-        return Compressed(sizes, statuses, out, (src, meta, temp, host))
+        return Compressed(sizes, statuses, out, meta[2], (src, meta, temp, host))
 
 
-_lock = threading.Lock()
 _encoders: dict[str, BatchedEncoder | None] = {}
 
 
 def batched_encoder(algo: str) -> BatchedEncoder | None:
     """The C API compressor for ``algo`` (:data:`ALGORITHMS`), or None where nvCOMP's C
     library (version 5 or later) is not there."""
-    if algo not in ALGORITHMS or not enabled():
+    if algo not in ALGORITHMS:
         return None
-    lib = library()
-    if lib is None:
-        return None
-    with _lock:
-        if algo not in _encoders:
-            try:
-                _encoders[algo] = BatchedEncoder(lib, algo, version())
-            except (AttributeError, RuntimeError):  # an nvCOMP without these entry points
-                _encoders[algo] = None
-        return _encoders[algo]
+    v = version()  # outside: the cache's lock is the library's
+    return one_per_algorithm(_encoders, algo, lambda lib, a: BatchedEncoder(lib, a, v))

@@ -8,7 +8,8 @@ the stored ones. On the CPU the decoders (zlib, libzstd) check them themselves.
 
 CRC-32 and Adler-32 are computed in segments of :data:`SEGMENT` bytes, one thread each,
 and combined; :func:`crc32_segmented` and :func:`adler32_segmented` are the same
-arithmetic on the host, tested against zlib.
+arithmetic on the host, tested against zlib. The same kernel computes zarr's CRC-32C (another
+polynomial) of the chunks the writer compresses on the GPU (:func:`crc_start`).
 
 nvCOMP's LZ4 decoder does not check the structure of a block either (a truncated block
 decodes to garbage of the right size): :func:`lz4_check` walks every block's sequences
@@ -24,56 +25,67 @@ from typing import Any
 import numpy as np
 
 SEGMENT = 2048  # SEG in kernels/checksums.cu
-_CRC_POLY = 0xEDB88320
+#: the reflected polynomials: zlib's CRC-32 and zarr's CRC-32C (Castagnoli)
+CRC_POLYS = {"crc32": 0xEDB88320, "crc32c": 0x82F63B78}
 _ADLER_MOD = 65521
 
 
-def multmodp(a: int, b: int) -> int:
-    """``a(x) * b(x)`` modulo the CRC-32 polynomial, bit-reflected (zlib's ``multmodp``)."""
+def multmodp(a: int, b: int, poly: int = CRC_POLYS["crc32"]) -> int:
+    """``a(x) * b(x)`` modulo a CRC polynomial, bit-reflected (zlib's ``multmodp``)."""
     p = 0
     for i in range(31, -1, -1):
         if a & (1 << i):
             p ^= b
-        b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
+        b = (b >> 1) ^ poly if b & 1 else b >> 1
     return p
 
 
 @functools.cache
-def x2n_table() -> tuple[int, ...]:
+def x2n_table(poly: int = CRC_POLYS["crc32"]) -> tuple[int, ...]:
     """``x^(2^k)`` modulo the polynomial, k = 0..31."""
     p, table = 1 << 30, []
     for _ in range(32):
         table.append(p)
-        p = multmodp(p, p)
+        p = multmodp(p, p, poly)
     return tuple(table)
 
 
-def zeros_operator(n: int) -> int:
+def zeros_operator(n: int, poly: int = CRC_POLYS["crc32"]) -> int:
     """The operator appending ``n`` zero bytes to a CRC: ``x^(8 n)`` modulo the polynomial."""
-    p, k, table = 1 << 31, 3, x2n_table()
+    p, k, table = 1 << 31, 3, x2n_table(poly)
     while n:
         if n & 1:
-            p = multmodp(table[k & 31], p)
+            p = multmodp(table[k & 31], p, poly)
         n >>= 1
         k += 1
     return p
 
 
-def crc32_segmented(data: bytes) -> int:
-    """zlib's CRC-32 of ``data`` the way the GPU kernel computes it: per segment, combined."""
+def crc32_segmented(data: bytes, kind: str = "crc32") -> int:
+    """zlib's CRC-32 (or zarr's CRC-32C) of ``data`` the way the GPU kernel computes it: per
+    segment, combined."""
     import zlib
 
+    poly = CRC_POLYS[kind]
+    whole = zlib.crc32 if kind == "crc32" else _crc32c
     n = len(data)
     crc = 0
     for start in range(0, n, SEGMENT):
         end = min(start + SEGMENT, n)
-        # a segment's CRC without the inversions: zlib's with both inversions undone
-        raw = zlib.crc32(data[start:end]) ^ multmodp(zeros_operator(end - start), 0xFFFFFFFF) ^ 0xFFFFFFFF
-        part = multmodp(zeros_operator(n - end), raw)
+        # a segment's CRC without the inversions: the library's with both inversions undone
+        inverted = multmodp(zeros_operator(end - start, poly), 0xFFFFFFFF, poly)
+        raw = whole(data[start:end]) ^ inverted ^ 0xFFFFFFFF
+        part = multmodp(zeros_operator(n - end, poly), raw, poly)
         if start == 0:
-            part ^= multmodp(zeros_operator(n), 0xFFFFFFFF) ^ 0xFFFFFFFF
+            part ^= multmodp(zeros_operator(n, poly), 0xFFFFFFFF, poly) ^ 0xFFFFFFFF
         crc ^= part
     return crc
+
+
+def _crc32c(data: bytes) -> int:
+    from .crc32c import value
+
+    return value(data)
 
 
 def adler32_segmented(data: bytes) -> int:
@@ -176,14 +188,10 @@ def compute(kind: str, ptrs: np.ndarray, lens: np.ndarray) -> np.ndarray:
         out = cupy.empty(count, dtype=cupy.uint64)
         _kernel("xxh64_streams")((count,), (32,), (d_ptrs, d_lens, out, np.int32(count)))
         return out.get()
+    if kind in CRC_POLYS:
+        return crc_start(kind, d_ptrs, d_lens, count, lens).get().astype(np.uint64)
     first, nseg = _segments(cupy, lens)
     grid = (max(1, (nseg + 255) // 256),)
-    if kind == "crc32":
-        out = cupy.zeros(count, dtype=cupy.uint32)
-        x2n = cupy.asarray(np.array(x2n_table(), dtype=np.uint32))
-        args = (d_ptrs, d_lens, first, np.int32(count), np.int64(nseg), x2n, out)
-        _kernel("crc32_segments")(grid, (256,), args)
-        return out.get().astype(np.uint64)
     if kind == "adler32":
         sums = cupy.zeros(2 * count, dtype=cupy.uint64)
         _kernel("adler32_segments")(
@@ -194,6 +202,28 @@ def compute(kind: str, ptrs: np.ndarray, lens: np.ndarray) -> np.ndarray:
         b = (lens.astype(np.uint64) + s[:, 1]) % _ADLER_MOD
         return b << np.uint64(16) | a
     raise ValueError(f"unknown checksum {kind!r}")
+
+
+def crc_start(kind: str, d_ptrs: Any, d_lens: Any, count: int, lens: Any) -> Any:
+    """``"crc32"`` or ``"crc32c"`` of ``count`` device streams (device addresses and int64 or
+    uint64 lengths) launched on the current stream, not waited for: a device uint32 array.
+    ``lens``: the lengths on the host, or one bound on all of them (the kernel then reads the
+    lengths on the device, and threads past a stream's end do nothing)."""
+    import cupy
+
+    out = cupy.zeros(count, dtype=cupy.uint32)
+    if count == 0:
+        return out
+    if np.ndim(lens) == 0:
+        per = max(1, -(-int(lens) // SEGMENT))
+        first, nseg = cupy.arange(count, dtype=cupy.int64) * per, per * count
+    else:
+        first, nseg = _segments(cupy, np.asarray(lens, dtype=np.int64))
+    poly = CRC_POLYS[kind]
+    x2n = cupy.asarray(np.array(x2n_table(poly), dtype=np.uint32))
+    args = (d_ptrs, d_lens, first, np.int32(count), np.int64(nseg), x2n, np.uint32(poly), out)
+    _kernel("crc32_segments")((max(1, (nseg + 255) // 256),), (256,), args)
+    return out
 
 
 def lz4_check(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> np.ndarray:

@@ -288,15 +288,23 @@ _stuck: list[Any] = []
 def batched_decoder(algo: str) -> BatchedDecoder | None:
     """The C API decoder for nvCOMP algorithm ``algo`` (:data:`ALGORITHMS`), or None where
     nvCOMP's C library is not usable or not wanted (:func:`enabled`)."""
-    if algo not in ALGORITHMS or not enabled():
+    if algo not in ALGORITHMS:
+        return None
+    return one_per_algorithm(_decoders, algo, BatchedDecoder)
+
+
+def one_per_algorithm(cache: dict, algo: str, make: Any) -> Any:
+    """``cache[algo]``, made once per process by ``make(lib, algo)``; None where nvCOMP's C
+    library is not usable or not wanted (:func:`enabled`), or lacks the entry points."""
+    if not enabled():
         return None
     lib = library()
     if lib is None:
         return None
     with _lib_lock:
-        if algo not in _decoders:
+        if algo not in cache:
             try:
-                _decoders[algo] = BatchedDecoder(lib, algo)
+                cache[algo] = make(lib, algo)
             except (AttributeError, RuntimeError):  # an nvCOMP without these entry points
-                _decoders[algo] = None
-        return _decoders[algo]
+                cache[algo] = None
+        return cache[algo]

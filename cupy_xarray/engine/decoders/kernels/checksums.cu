@@ -2,8 +2,9 @@
  *
  * Every kernel takes the streams as device addresses and lengths (ptrs[i], lens[i]).
  *   xxh64_streams     XXH64 (seed 0) per stream: a zstd frame's content checksum is its low 32 bits
- *   crc32_segments    CRC-32 (zlib's, gzip's trailer) per stream, SEG bytes per thread, combined
- *                     with the GF(2) shift operators zlib's crc32_combine uses
+ *   crc32_segments    a reflected CRC-32 per stream: zlib's (gzip's trailer) or CRC-32C (zarr's
+ *                     crc32c codec), by its polynomial; SEG bytes per thread, combined with the
+ *                     GF(2) shift operators zlib's crc32_combine uses
  *   adler32_segments  the two Adler-32 sums (zlib's trailer) per stream, SEG bytes per thread
  *   stream_ends       the first and last 8 bytes of every stream (framing and stored checksums)
  */
@@ -125,30 +126,30 @@ __device__ __forceinline__ bool segment_of(const long long* seg_first, const lon
   *s = lo;
   *n = lens[lo];
   *start = (g - seg_first[lo]) * SEG;
+  if (*start > 0 && *start >= *n) return false;  /* lens on the device, segments for a bound */
   *end = *start + SEG < *n ? *start + SEG : *n;
   return true;
 }
 
-/* ---------------------------------------------------------------- CRC-32 */
-#define CRC_POLY 0xedb88320u
+/* ---------------------------------------------------------------- CRC-32, CRC-32C */
 
 /* a(x) * b(x) modulo the CRC polynomial, bit-reflected (zlib's multmodp) */
-__device__ unsigned int multmodp(unsigned int a, unsigned int b) {
+__device__ unsigned int multmodp(unsigned int a, unsigned int b, unsigned int poly) {
   unsigned int p = 0;
   for (int i = 31; i >= 0; --i) {
     if (a & (1u << i)) p ^= b;
-    b = (b & 1) ? (b >> 1) ^ CRC_POLY : b >> 1;
+    b = (b & 1) ? (b >> 1) ^ poly : b >> 1;
   }
   return p;
 }
 
 /* x^(8 n) modulo the polynomial: the operator that appends n zero bytes (zlib's x2nmodp(n, 3));
    x2n[k] = x^(2^k) */
-__device__ unsigned int zeros_operator(long long n, const unsigned int* x2n) {
+__device__ unsigned int zeros_operator(long long n, const unsigned int* x2n, unsigned int poly) {
   unsigned int p = 1u << 31;
   int k = 3;
   while (n) {
-    if (n & 1) p = multmodp(x2n[k & 31], p);
+    if (n & 1) p = multmodp(x2n[k & 31], p, poly);
     n >>= 1;
     ++k;
   }
@@ -157,11 +158,11 @@ __device__ unsigned int zeros_operator(long long n, const unsigned int* x2n) {
 
 extern "C" __global__ void crc32_segments(const unsigned long long* ptrs, const long long* lens,
                                           const long long* seg_first, int count, long long nseg,
-                                          const unsigned int* x2n, unsigned int* out) {
+                                          const unsigned int* x2n, unsigned int poly, unsigned int* out) {
   __shared__ unsigned int table[256];
   for (int e = threadIdx.x; e < 256; e += blockDim.x) {
     unsigned int c = e;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ CRC_POLY : c >> 1;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ poly : c >> 1;
     table[e] = c;
   }
   __syncthreads();
@@ -183,9 +184,9 @@ extern "C" __global__ void crc32_segments(const unsigned long long* ptrs, const 
     }
   }
   for (; i < len; ++i) c = table[(c ^ p[i]) & 0xff] ^ (c >> 8);
-  unsigned int v = multmodp(zeros_operator(n - end, x2n), c);
+  unsigned int v = multmodp(zeros_operator(n - end, x2n, poly), c, poly);
   if (start == 0)  /* the initial 0xffffffff shifted through the whole stream, and the final xor */
-    v ^= multmodp(zeros_operator(n, x2n), 0xffffffffu) ^ 0xffffffffu;
+    v ^= multmodp(zeros_operator(n, x2n, poly), 0xffffffffu, poly) ^ 0xffffffffu;
   atomicXor(out + s, v);
 }
 
