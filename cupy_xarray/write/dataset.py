@@ -263,8 +263,9 @@ class _ChunkWriter:
 
     def encoder_for(self, on_gpu: bool, recipe: Recipe, chunk_bytes: int) -> Any:
         """Data on the host: CPU threads; on the GPU: nvCOMP and CPU threads sharing the
-        batches, nvCOMP alone, or CPU threads, the first that supports the chain."""
-        if on_gpu:
+        batches, nvCOMP alone, or CPU threads, the first that supports the chain (CPU threads
+        where the chain's share of them, ``encoders.CPU_SHARE``, is 1)."""
+        if on_gpu and SharedEncoder.share(recipe) < 1:
             for choice in (self.shared, self.gpu):
                 if choice.supports(recipe, chunk_bytes):
                     return choice
@@ -272,6 +273,7 @@ class _ChunkWriter:
 
     def close(self) -> None:
         self.cpu.close()
+        self.gpu.close()
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
