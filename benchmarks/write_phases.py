@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--codec", default="zstd", choices=["zstd", "lz4"])
     ap.add_argument("--batches", default="256,512,1024")
     ap.add_argument("--shares", default="0,0.1,0.2,0.3")
+    ap.add_argument("--launch", default="2", help="encoders.LAUNCH_THREADS values to compare")
     args = ap.parse_args()
     t = max(4, int(args.size_gib * 2**30 / (2048 * 2048 * 4)) // 4 * 4)
     field = cupy.asarray(smooth_field((t, 2048, 2048)))
@@ -139,18 +140,23 @@ def main() -> None:
     codec = zarr.codecs.ZstdCodec(level=1) if args.codec == "zstd" else zn.LZ4()
     encoding = {"field": {"chunks": TILE, "compressors": codec}}
     target = root / "engine.zarr"
-    for per in [int(b) for b in args.batches.split(",")]:
-        encoders.GPU_BATCH_CHUNKS = per
-        with PeakGPUMemory() as mem, record_writes() as reports:
-            s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, True))
-        r = reports[-1]
-        print(
-            f"  engine, batches of {per:<5} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   "
-            f"(last: {r.batches} batches, encoder wait {r.encode_wait_s * 1e3:.0f} ms, file wait "
-            f"{r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; batches held "
-            f"{r.device_bytes / 2**30:.2f} GiB, peak GPU {mem.used / field.nbytes:.2f}x data)",
-            flush=True,
-        )
+    share = encoders.CPU_SHARE.get(algo, 0.0)
+    for launch in [int(x) for x in args.launch.split(",")]:
+        for size in [int(b) for b in args.batches.split(",")]:
+            encoders.GPU_BATCH_CHUNKS, encoders.LAUNCH_THREADS = size, launch
+            with PeakGPUMemory() as mem, record_writes() as reports:
+                s = best(
+                    lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, True)
+                )
+            r = reports[-1]
+            print(
+                f"  engine, batches of {size:<5} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   "
+                f"(CPU share {share}, {launch} launcher threads; "
+                f"last: {r.batches} batches, encoder wait {r.encode_wait_s * 1e3:.0f} ms, file wait "
+                f"{r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; batches held "
+                f"{r.device_bytes / 2**30:.2f} GiB, peak GPU {mem.used / field.nbytes:.2f}x data)",
+                flush=True,
+            )
     encoders.GPU_BATCH_CHUNKS = per
     for share in [float(x) for x in args.shares.split(",")]:
         encoders.CPU_SHARE[algo] = share

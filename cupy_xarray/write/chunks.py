@@ -47,8 +47,8 @@ class WriteReport:
     def add(self, other: WriteReport) -> None:
         """Count ``other`` (a dask block's write) in this report."""
         self.arrays += [a for a in other.arrays if a not in self.arrays]
-        names = {n for n in (*self.encoder.split("+"), other.encoder) if n}
-        self.encoder = "+".join(sorted(names))
+        names = {n for n in (*self.encoder.split(", "), other.encoder) if n}
+        self.encoder = ", ".join(sorted(names))
         for name in (
             "chunks",
             "empty",
