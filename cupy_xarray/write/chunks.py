@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .encoders import EncodeError, Pending, Recipe
+from .encoders import DeviceChunk, EncodeError, Pending, Recipe
 
 #: bytes of chunks a batch holds in host memory (data on the host, or encoded by CPU threads)
 BATCH_BYTES = 1 << 30
@@ -148,11 +148,14 @@ class _Files:
         self.dirs: set[Path] = set()
         self.pending: list[cf.Future] = []
 
-    def put(self, key: str, data: np.ndarray, crc: int | None = None) -> None:
-        """Write ``data`` as chunk ``key``, then its crc32c (``crc`` where already computed)."""
+    def put(self, key: str, data: np.ndarray | DeviceChunk, crc: int | None = None) -> None:
+        """Write ``data`` (host bytes, or bytes in device memory the thread copies out) as
+        chunk ``key``, then its crc32c (``crc`` where already computed)."""
         self.pending.append(self.pool.submit(self._put, key, data, crc))
 
-    def _put(self, key: str, data: np.ndarray, crc: int | None = None) -> None:
+    def _put(self, key: str, data: np.ndarray | DeviceChunk, crc: int | None = None) -> None:
+        if isinstance(data, DeviceChunk):
+            data = data.to_host()
         path = self.root / key
         parent = path.parent
         if parent not in self.dirs:
@@ -244,6 +247,7 @@ def write_array(
     files = _Files(directory, pool, recipe.crc32c)
     t0 = time.perf_counter()
     last: tuple[list, Pending] | None = None
+    writing = 0  # device memory of the batch whose files are being written
     ok = False
     try:
         first, b = 0, 0
@@ -274,11 +278,12 @@ def write_array(
                 continue
             del rows, empty
             first, b, sizes = first + len(batch), b + 1, sizes[1:]
-            held = pending.device_bytes + (last[1].device_bytes if last else 0)
+            held = pending.device_bytes + (last[1].device_bytes if last else 0) + writing
             report.device_bytes = max(report.device_bytes, held)
             report.batches += 1
             if last is not None:
                 _finish(*last, meta, origin, nbytes, files, report)
+                writing = last[1].device_bytes
             last = (batch, pending)
         if last is not None:
             _finish(*last, meta, origin, nbytes, files, report)
@@ -316,7 +321,7 @@ def _finish(
     batch: list, pending: Pending, meta: Any, origin: tuple, nbytes: int, files: _Files, report: WriteReport
 ) -> None:
     """Take a batch's encoded chunks and hand them to the file threads (once the files of the
-    batch before are written: at most two batches of host memory are held)."""
+    batch before are written: at most two batches' files are pending)."""
     t = time.perf_counter()
     try:
         encoded = pending.result()

@@ -38,7 +38,6 @@ class Compressed:
     out: Any  # device uint8 (n, slot)
     ptrs: Any  # device uint64 (n,): where each chunk's output starts
     keep: tuple  # device memory the call reads or writes: alive until it finished
-    launch: Any  # makes nvCOMP's call (:meth:`BatchedEncoder.prepare`)
 
 
 class BatchedEncoder:
@@ -91,14 +90,6 @@ class BatchedEncoder:
     def compress(self, src: Any, chunk_bytes: int, stream: Any) -> Compressed:
         """Queue the compression of each row's first ``chunk_bytes`` of ``src`` (a cupy uint8
         ``(n, stride)`` array, rows aligned) on ``stream``."""
-        job = self.prepare(src, chunk_bytes, stream)
-        job.launch()
-        return job
-
-    def prepare(self, src: Any, chunk_bytes: int, stream: Any) -> Compressed:
-        """:meth:`compress`'s device memory and arguments, the call itself left to the
-        result's ``launch`` (nvCOMP's call returns once the GPU is done with it: another thread
-        may make it; allocations fail here)."""
         import cupy
 
         n = src.shape[0]
@@ -115,17 +106,14 @@ class BatchedEncoder:
         temp_n = self.temp_bytes(n, chunk_bytes)
         temp = cupy.empty((max(temp_n, 1),), dtype=cupy.uint8)
         ptr = int(meta.data.ptr)
-
-        def launch() -> None:
-            status = self._compress(
-                ptr, ptr + 8 * n, chunk_bytes, n, temp.data.ptr, temp_n, ptr + 16 * n, sizes.data.ptr,
-                self._opts, statuses.data.ptr, stream.ptr,
-            )  # fmt: skip
-            if status != 0:
-                why = status_text(status)
-                raise RuntimeError(f"nvCOMP {self.algo}: batched compression failed to launch ({why})")
-
-        return Compressed(sizes, statuses, out, meta[2], (src, meta, temp, host), launch)
+        status = self._compress(
+            ptr, ptr + 8 * n, chunk_bytes, n, temp.data.ptr, temp_n, ptr + 16 * n, sizes.data.ptr,
+            self._opts, statuses.data.ptr, stream.ptr,
+        )  # fmt: skip
+        if status != 0:
+            why = status_text(status)
+            raise RuntimeError(f"nvCOMP {self.algo}: batched compression failed to launch ({why})")
+        return Compressed(sizes, statuses, out, meta[2], (src, meta, temp, host))
 
 
 _encoders: dict[str, BatchedEncoder | None] = {}
