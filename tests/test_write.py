@@ -204,6 +204,24 @@ def test_batches_shared_between_two_encoders(tmp_path, monkeypatch, share, chain
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
 
 
+@pytest.mark.parametrize("scheduler", ["threads", "sync"])
+def test_dask_coordinates_are_written(tmp_path, scheduler):
+    """Dask variables the engine leaves to xarray (here a non-index coordinate) are written
+    from host copies after the metadata: not left empty."""
+    import dask
+    import dask.array as da
+
+    ds = _dataset("f4", (8, 32, 48))
+    ds = ds.assign_coords(lat=("y", da.from_array(np.linspace(-40, 40, 32), chunks=10)))
+    enc = {"v": {"chunks": (2, 16, 16)}}
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    with dask.config.set(scheduler=scheduler), record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    assert reports[0].arrays == ["v"], str(reports[0])
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "e.zarr", engine="zarr").load(), ds.compute())
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
 @pytest.mark.parametrize("fmt", [2, 3])
 def test_big_endian_stores(tmp_path, fmt):
     ds = _dataset("f4")

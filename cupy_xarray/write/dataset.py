@@ -182,8 +182,9 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     ours = [n for n, v in ds.data_vars.items() if simple and _engine_writes(v.variable, encodings.get(n, {}))]
     fast = [n for n in ours if not is_dask_array(ds[n].variable._data)]
     blocks = [n for n in ours if n not in fast and _threads_of_this_process()]
-    lazy = [n for n, v in ds.data_vars.items() if simple and is_dask_array(v.variable._data)]
-    lazy = [n for n in lazy if n not in blocks]
+    # every dask variable the engine does not write, coordinates included: xarray's write of
+    # its host copy in the template is dropped with the placeholders', and made again below
+    lazy = [n for n, v in ds.variables.items() if simple and is_dask_array(v._data) and n not in blocks]
     changes = {}
     for name, var in ds.variables.items():
         if name in fast:
@@ -219,7 +220,7 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
         raise
     delayed = None
     if lazy:  # xarray writes these from host copies (block by block), into the arrays made above
-        part = xr.Dataset({n: _host(ds[n].variable) for n in lazy})
+        part = xr.Dataset({n: _host(ds.variables[n]) for n in lazy})
         sub = {k: v for k, v in kwargs.items() if k in ("zarr_format", "zarr_version")}
         delayed = part.to_zarr(store, mode="r+", compute=False, consolidated=False, **sub)
     import dask
