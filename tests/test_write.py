@@ -320,13 +320,15 @@ def test_dask_under_other_schedulers_is_written_by_xarray(tmp_path):
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
 
 
-def test_appends_regions_and_dask_go_through_xarray(tmp_path):
+def test_appends_regions_and_dask_blocks(tmp_path):
     ds = _dataset(shape=(6, 10, 12))
     first, second = ds.isel(t=slice(0, 4)), ds.isel(t=slice(4, None))
     first.to_zarr(tmp_path / "x.zarr")
     second.to_zarr(tmp_path / "x.zarr", append_dim="t")
     first.cupy.to_zarr(tmp_path / "e.zarr")
-    second.cupy.to_zarr(tmp_path / "e.zarr", append_dim="t")
+    with record_writes() as reports:  # after one whole chunk of 4 steps: the engine's
+        second.cupy.to_zarr(tmp_path / "e.zarr", append_dim="t")
+    assert reports[0].arrays == ["v"] and reports[0].chunks == 1, str(reports[0])
     xr.testing.assert_identical(
         xr.open_dataset(tmp_path / "e.zarr", engine="zarr").load(),
         xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load(),
@@ -336,14 +338,68 @@ def test_appends_regions_and_dask_go_through_xarray(tmp_path):
     delayed.compute()
     ds.to_zarr(tmp_path / "eager.zarr", encoding={"v": {"chunks": (2, 10, 12)}})
     assert_same_files(tmp_path / "eager.zarr", tmp_path / "lazy.zarr")
-    with record_writes() as reports:  # region= writes: xarray's, dask or not
+    with record_writes() as reports:  # a region of whole chunks: the engine's, a task a block
         part = chunked.isel(t=slice(2, 4)).drop_vars("t")
         part.cupy.to_zarr(tmp_path / "lazy.zarr", region={"t": slice(2, 4)})
-    assert reports == [] or reports[0].arrays == []
+    assert reports[0].arrays == ["v"] and reports[0].chunks == 1, str(reports[0])
     xr.testing.assert_identical(
         xr.open_dataset(tmp_path / "lazy.zarr", engine="zarr").load(),
         xr.open_dataset(tmp_path / "eager.zarr", engine="zarr").load(),
     )
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_random_appends_and_regions_match_xarray(tmp_path, case):
+    """Appends and region writes, of whole chunks (the engine writes them, a chunk that now
+    holds only the fill value deleted) or not (xarray rewrites the chunks they share), eager
+    or in dask blocks: the files xarray writes."""
+    rng = np.random.default_rng(700 + case)
+    fmt = int(rng.choice([2, 3]))
+    chain = str(rng.choice(["none", "zstd-1", "blosc-lz4"]))
+    n, c = int(rng.integers(2, 5)), int(rng.integers(1, 4))
+    first = n * c if rng.integers(2) else n * c + 1  # ends on a chunk boundary or not
+    ds = _dataset("f4", (first, 9, 10), seed=case, holes=False)
+    enc = {"v": {"chunks": (c, 5, 4), "compressors": _chains(fmt)[chain]}}
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    ds.to_zarr(a, zarr_format=fmt, encoding=enc)
+    ds.to_zarr(b, zarr_format=fmt, encoding=enc)
+    more = _dataset("f4", (2 * c, 9, 10), seed=case + 50, holes=False)
+    more.v[:, :5, :4] = np.nan  # chunks of the fill value only among them
+    more = more.assign_coords(t=np.arange(2 * c) + first)
+    if rng.integers(2) and first % c == 0:  # (xarray refuses dask blocks across stored chunks)
+        more = more.chunk({"t": c})
+    more.to_zarr(a, append_dim="t")
+    with record_writes() as reports:
+        more.cupy.to_zarr(b, append_dim="t")
+    engine = bool(reports) and reports[0].arrays == ["v"]
+    assert engine == (first % c == 0), (first, c, reports)
+    assert_same_files(a, b)
+    # a region of whole chunks along t, and one that is not
+    start = c * int(rng.integers(0, n))
+    for s in (slice(start, start + c), slice(start + 1, start + c + 1) if c > 1 else slice(start, start + 1)):
+        patch = _dataset("f4", (s.stop - s.start, 9, 10), seed=case + 90, holes=False).drop_vars("t")
+        patch.v[:, 5:, 4:8] = np.nan  # chunks that now hold only the fill value: deleted
+        patch.to_zarr(a, region={"t": s})
+        with record_writes() as reports:
+            patch.cupy.to_zarr(b, region={"t": s})
+        whole = s.start % c == 0 and (s.stop % c == 0 or s.stop == first + 2 * c)
+        assert (bool(reports) and reports[0].arrays == ["v"]) == whole, (s, c, reports)
+        assert_same_files(a, b)
+
+
+def test_an_append_encoded_by_the_stored_variable_is_xarrays(tmp_path):
+    """xarray encodes appended values with the stored variable's encoding (here a scale and
+    an integer dtype): the engine leaves such appends to it."""
+    ds = _dataset("f4", (4, 6, 8), holes=False)
+    enc = {"v": {"chunks": (2, 6, 8), "dtype": "i2", "scale_factor": 0.1, "_FillValue": -9999}}
+    ds.to_zarr(tmp_path / "a.zarr", encoding=enc)
+    ds.to_zarr(tmp_path / "b.zarr", encoding=enc)
+    more = _dataset("f4", (2, 6, 8), seed=3).assign_coords(t=[4, 5])
+    more.to_zarr(tmp_path / "a.zarr", append_dim="t")
+    with record_writes() as reports:
+        more.cupy.as_numpy().cupy.to_zarr(tmp_path / "b.zarr", append_dim="t")
+    assert reports == [] or reports[0].arrays == [], str(reports[0])
+    assert_same_files(tmp_path / "a.zarr", tmp_path / "b.zarr")
 
 
 def test_a_datatree(tmp_path):
@@ -493,6 +549,34 @@ def test_gpu_batches_shared_with_cpu_threads(tmp_path, monkeypatch, share, chain
         for path in _files(tmp_path / "g.zarr" / "v" / "c").values():
             raw = path.read_bytes()
             assert google_crc32c.value(raw[:-4]) == int.from_bytes(raw[-4:], "little"), path
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chain", ["none", "zstd+crc32c"])
+def test_gpu_appends_and_regions(tmp_path, chain):
+    """GPU data appended and written into a region of whole chunks, some of them now the fill
+    value only (their files deleted): what xarray writes from the host."""
+    ds = _dataset("f4", (4, 10, 8), holes=False)
+    enc = {"v": {"chunks": (2, 5, 4), "compressors": _chains(3)[chain]}}
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    ds.to_zarr(a, encoding=enc)
+    ds.to_zarr(b, encoding=enc)
+    more = _dataset("f4", (4, 10, 8), seed=1, holes=False).assign_coords(t=[4, 5, 6, 7])
+    more.v[:2, :5, :4] = np.nan
+    patch = _dataset("f4", (2, 10, 8), seed=2, holes=False).drop_vars("t")
+    patch.v[:, 5:, 4:] = np.nan
+    more.to_zarr(a, append_dim="t")
+    patch.to_zarr(a, region={"t": slice(2, 4)})
+    with record_writes() as reports:
+        more.cupy.as_cupy().cupy.to_zarr(b, append_dim="t")
+        patch.cupy.as_cupy().cupy.to_zarr(b, region={"t": slice(2, 4)})
+    assert [r.arrays for r in reports] == [["v"], ["v"]], [str(r) for r in reports]
+    assert all(r.encoder == _gpu_encoder(chain) and r.empty > 0 for r in reports), [str(r) for r in reports]
+    want = xr.open_dataset(a, engine="zarr").load()
+    xr.testing.assert_identical(xr.open_dataset(b, engine="zarr").load(), want)
+    assert _files(a).keys() == _files(b).keys()
+    if chain == "none":
+        assert_same_files(a, b)
 
 
 @pytest.mark.gpu

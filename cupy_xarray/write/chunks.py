@@ -140,9 +140,10 @@ _rename = os.replace
 class _Files:
     """Chunk files written by threads, each under a temporary name renamed into place."""
 
-    def __init__(self, root: Path, pool: cf.Executor, crc32c: bool) -> None:
+    def __init__(self, root: Path, pool: cf.Executor, crc32c: bool, overwrite: bool = False) -> None:
         self.root = root
         self.crc32c = crc32c
+        self.overwrite = overwrite
         self.tag = uuid.uuid4().hex
         self.pool = pool
         self.dirs: set[Path] = set()
@@ -152,6 +153,10 @@ class _Files:
         """Write ``data`` (host bytes, or bytes in device memory the thread copies out) as
         chunk ``key``, then its crc32c (``crc`` where already computed)."""
         self.pending.append(self.pool.submit(self._put, key, data, crc))
+
+    def remove(self, key: str) -> None:
+        """Delete chunk ``key``'s file where there is one."""
+        self.pending.append(self.pool.submit((self.root / key).unlink, missing_ok=True))
 
     def _put(self, key: str, data: np.ndarray | DeviceChunk, crc: int | None = None) -> None:
         if isinstance(data, DeviceChunk):
@@ -211,11 +216,14 @@ def write_array(
     pool: cf.Executor,
     report: WriteReport,
     origin: tuple[int, ...] | None = None,
+    overwrite: bool = False,
 ) -> None:
     """Write the chunks of the zarr array in ``directory`` (created already, its metadata
     ``meta``, its codec chain ``recipe``) that ``data`` (a numpy or cupy array, as ``xp``)
     covers: all of them, or from chunk ``origin`` of its grid on (a dask block: its ends on
-    chunk boundaries or the array's).
+    chunk boundaries or the array's). ``overwrite``: chunks may be there already (an append, a
+    region): the file of a chunk that now holds only the fill value is deleted, as zarr-python
+    does.
 
     Batches of chunks are gathered into rows of one buffer, checked for chunks of the fill
     value only, handed to ``encoder`` (which returns at once) and written by ``pool``'s threads
@@ -244,7 +252,7 @@ def write_array(
     if directory.name not in report.arrays:
         report.arrays.append(directory.name)
     report.encoder = encoder.name
-    files = _Files(directory, pool, recipe.crc32c)
+    files = _Files(directory, pool, recipe.crc32c, overwrite)
     t0 = time.perf_counter()
     last: tuple[list, Pending] | None = None
     writing = 0  # device memory of the batch whose files are being written
@@ -334,10 +342,13 @@ def _finish(
     report.file_wait_s += time.perf_counter() - w
     crcs = encoded.crc32c or [None] * len(batch)
     for idx, enc, crc in zip(batch, encoded.chunks, crcs):
+        key = meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, idx)))
         if enc is None:
             report.empty += 1
+            if files.overwrite:
+                files.remove(key)
             continue
-        files.put(meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, idx))), enc, crc)
+        files.put(key, enc, crc)
         report.chunks += 1
         report.stored += len(enc) + (4 if files.crc32c else 0)
         report.nbytes += nbytes

@@ -5,8 +5,10 @@ encoding, coordinates, consolidated metadata) exactly as ``Dataset.to_zarr`` doe
 numeric variables is then written chunk by chunk from where it lies (:mod:`.chunks`): zstd and
 LZ4 chunks of GPU data through nvCOMP, every other compressor and host data through numcodecs
 on CPU threads; dask arrays a task per block, under dask's threaded or synchronous scheduler.
-Everything else (dask under other schedulers, CF transforms of the values, filters, sharding,
-remote stores, groups, ``region``/``append_dim``/``mode="a"``) is written by xarray from host
+Appends (``append_dim``) and ``region=`` writes of slices go the same way where the data
+begin and end on chunk boundaries. Everything else (dask under other schedulers, CF transforms
+of the values, filters, sharding, remote stores, groups, ``mode="a"`` without ``append_dim``,
+``region="auto"``, appends and regions across chunk boundaries) is written by xarray from host
 copies.
 """
 
@@ -124,20 +126,81 @@ def _placeholder(var: xr.Variable, encoding: dict | None) -> xr.Variable:
     return out
 
 
-def _simple(root: Path | None, kwargs: dict) -> bool:
-    """Whether the engine writes the chunks of this ``to_zarr`` call: a new store or group on
-    a local path (appends, regions and remote stores are xarray's)."""
-    if root is None or kwargs.get("mode") not in (None, "w", "w-"):
-        return False
-    if kwargs.get("region") is not None or kwargs.get("append_dim") is not None:
-        return False
+def _kind(root: Path | None, kwargs: dict) -> str | None:
+    """What the engine may write chunks for in this ``to_zarr`` call on a local path:
+    ``"new"`` (a new store), ``"append"`` (``append_dim``), ``"region"`` (``region=`` of
+    slices); None where xarray writes everything (remote stores, groups, ``mode="a"`` without
+    ``append_dim``, ``region="auto"``)."""
+    if root is None:
+        return None
     if kwargs.get("storage_options") or kwargs.get("group") or kwargs.get("chunkmanager_store_kwargs"):
-        return False
+        return None
     try:
         import dask.array  # noqa: F401 - the placeholders that let xarray write metadata only
     except ImportError:
-        return False
-    return True
+        return None
+    mode, region, append_dim = kwargs.get("mode"), kwargs.get("region"), kwargs.get("append_dim")
+    if region is None and append_dim is None:
+        return "new" if mode in (None, "w", "w-") else None
+    if region is None and mode in (None, "a"):
+        return "append"
+    if append_dim is None and mode in (None, "r+", "a") and isinstance(region, dict):
+        ok = all(isinstance(s, slice) and s.step in (None, 1) for s in region.values())
+        return "region" if ok else None
+    return None
+
+
+def _origins(root: Path, ds: xr.Dataset, names: list, kind: str, kwargs: dict) -> dict | None:
+    """Where each variable's data begins in its zarr array, in chunks (None: at the start),
+    for the variables whose data begins and ends on chunk boundaries (or the array's end);
+    the others are left out (xarray writes them). None when the store cannot be read."""
+    if kind == "new":
+        return dict.fromkeys(names)
+    import zarr
+
+    try:
+        group = zarr.open_group(str(root), mode="r")
+        existing = xr.open_dataset(root, engine="zarr", chunks=None)
+    except Exception:  # noqa: BLE001 - no store there yet: xarray says what is wrong
+        return None
+    origins = {}
+    for name in names:
+        var, dims = ds[name].variable, ds[name].dims
+        if name not in existing.variables or name not in group:
+            continue  # a new variable: xarray writes it
+        arr = group[name]
+        chunks, shape = chunk_shape(arr.metadata), arr.shape
+        # xarray encodes the new values with the stored variable's encoding
+        if len(chunks) != len(dims) or _transforms(var, existing[name].encoding):
+            continue
+        if np.dtype(existing[name].encoding.get("dtype", var.dtype)) != var.dtype:
+            continue
+        try:
+            recipe_of(arr.metadata)
+        except Unsupported:
+            continue
+        if is_dask_array(var._data) and not _aligned(var._data.chunks, chunks):
+            continue
+        if kind == "append":
+            dim = kwargs["append_dim"]
+            if dim not in dims:
+                continue
+            axis = dims.index(dim)
+            if shape[axis] % chunks[axis]:
+                continue  # the last chunk is partly filled: xarray rewrites it
+            origins[name] = tuple(shape[axis] // chunks[axis] if a == axis else 0 for a in range(len(dims)))
+            continue
+        starts = []
+        for a, dim in enumerate(dims):
+            s = kwargs["region"].get(dim, slice(None))
+            start, stop, _ = s.indices(shape[a])
+            if start % chunks[a] or (stop % chunks[a] and stop != shape[a]):
+                break
+            starts.append(start // chunks[a])
+        else:
+            origins[name] = tuple(starts)
+    existing.close()
+    return origins
 
 
 def _refuse_overwriting_a_source(ds: xr.Dataset, root: Path | None, kwargs: dict) -> None:
@@ -177,14 +240,20 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     what that returns (a ``ZarrStore``, or a dask ``Delayed`` with ``compute=False``)."""
     root = _local_root(store)
     _refuse_overwriting_a_source(ds, root, kwargs)
-    simple = _simple(root, kwargs)
+    kind = _kind(root, kwargs)
     encodings = kwargs.get("encoding") or {}
-    ours = [n for n, v in ds.data_vars.items() if simple and _engine_writes(v.variable, encodings.get(n, {}))]
+    ours = [n for n, v in ds.data_vars.items() if kind and _engine_writes(v.variable, encodings.get(n, {}))]
+    origins = _origins(root, ds, ours, kind, kwargs) if ours else {}
+    if origins is None:
+        kind, origins = None, {}
+    ours = [n for n in ours if n in origins]
     fast = [n for n in ours if not is_dask_array(ds[n].variable._data)]
     blocks = [n for n in ours if n not in fast and _threads_of_this_process()]
     # every dask variable the engine does not write, coordinates included: xarray's write of
     # its host copy in the template is dropped with the placeholders', and made again below
-    lazy = [n for n, v in ds.variables.items() if simple and is_dask_array(v._data) and n not in blocks]
+    lazy = [n for n, v in ds.variables.items() if kind and is_dask_array(v._data) and n not in blocks]
+    if kind in ("append", "region") and (lazy or not ours):
+        kind, fast, blocks, lazy = None, [], [], []  # xarray writes it all, as it would
     changes = {}
     for name, var in ds.variables.items():
         if name in fast:
@@ -192,12 +261,12 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
         elif is_dask_array(var._data) or _on_gpu(var._data):
             changes[name] = _host(var)  # dask: its write in the template's is dropped, redone below
     template = ds.assign(changes) if changes else ds
-    if not simple:
+    if not kind:
         return template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
     kwargs["encoding"] = {**encodings, **{n: template[n].encoding for n in fast if n in encodings}}
     template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
-    writer = _ChunkWriter(root, _threads())
+    writer = _ChunkWriter(root, _threads(), overwrite=kind != "new")
     file(_recorders, writer.report)
     tasks = []
     try:
@@ -210,9 +279,9 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
                 lazy.append(name)  # another codec chain: zarr-python encodes it, below
                 continue
             if name in fast:
-                writer.write(name, data, meta, recipe)
+                writer.write(name, data, meta, recipe, origins[name])
             elif _aligned(data.chunks, chunk_shape(meta)):
-                tasks += _block_writes(writer, name, data, meta, recipe)
+                tasks += _block_writes(writer, name, data, meta, recipe, origins[name])
             else:
                 lazy.append(name)  # dask chunks across zarr chunks: xarray's checks and write
     except BaseException:
@@ -240,10 +309,11 @@ class _ChunkWriter:
     """The engine's side of one ``to_zarr`` call: its encoders, its file threads, its report
     (every array's and dask block's write counted in it)."""
 
-    def __init__(self, root: Path, threads: int) -> None:
+    def __init__(self, root: Path, threads: int, overwrite: bool = False) -> None:
         import concurrent.futures as cf
 
         self.root = root
+        self.overwrite = overwrite
         self.gpu, self.cpu = GPUEncoder(threads), CPUEncoder(threads)
         self.shared = SharedEncoder(self.gpu, self.cpu)
         self.pool = cf.ThreadPoolExecutor(threads, thread_name_prefix="cupy_xarray-write")
@@ -258,7 +328,8 @@ class _ChunkWriter:
         chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
         encoder = self.encoder_for(xp is not np, recipe, chunk_bytes)
         part = WriteReport()
-        write_array(self.root / name, meta, recipe, data, xp, encoder, self.pool, part, origin)
+        where = self.root / name
+        write_array(where, meta, recipe, data, xp, encoder, self.pool, part, origin, self.overwrite)
         with self._lock:
             self.report.add(part)
 
@@ -294,17 +365,21 @@ def _aligned(chunks: tuple[tuple[int, ...], ...], shape: tuple[int, ...]) -> boo
     return all(all(n % c == 0 for n in sizes[:-1]) for sizes, c in zip(chunks, shape))
 
 
-def _block_writes(writer: _ChunkWriter, name: str, data: Any, meta: Any, recipe: Recipe) -> list:
-    """One dask task per block of ``data``: its chunks written by the engine."""
+def _block_writes(
+    writer: _ChunkWriter, name: str, data: Any, meta: Any, recipe: Recipe, base: tuple[int, ...] | None
+) -> list:
+    """One dask task per block of ``data`` (which begins at chunk ``base`` of the array): its
+    chunks written by the engine."""
     import dask
 
     shape = chunk_shape(meta)
+    base = base or (0,) * data.ndim
     starts = [np.concatenate([[0], np.cumsum(sizes)[:-1]]) for sizes in data.chunks]
     blocks = data.to_delayed()
     write = dask.delayed(writer.write, pure=False)
     tasks = []
     for idx in np.ndindex(blocks.shape):
-        origin = tuple(int(starts[d][i]) // shape[d] for d, i in enumerate(idx))
+        origin = tuple(b + int(starts[d][i]) // shape[d] for d, (b, i) in enumerate(zip(base, idx)))
         tasks.append(write(name, blocks[idx], meta, recipe, origin))
     return tasks
 
