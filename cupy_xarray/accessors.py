@@ -98,10 +98,11 @@ class CupyDataArrayAccessor:
         ``region``, ``encoding``, ``consolidated``, ``zarr_format``, ``storage_options``,
         ``compute`` ...) and writes the same Zarr store it would, from GPU data too (xarray's own
         ``to_zarr`` refuses cupy arrays). A new store on a local path gets its chunks written by
-        the engine: compressed with nvCOMP on the GPU (zstd, LZ4) or numcodecs on CPU threads,
-        each file under a temporary name renamed into place, dask arrays a task per block;
-        other writes (appends, regions, remote stores, CF-transformed values, dask under
-        distributed) go through xarray from host copies.
+        the engine: compressed with nvCOMP on the GPU (zstd) or numcodecs on CPU threads, each
+        file under a temporary name renamed into place, dask arrays a task per block; so are
+        appends and regions of whole chunks. Other writes (remote stores, CF-transformed
+        values, appends sharing a chunk with data already written, dask under distributed)
+        go through xarray from host copies.
 
         Returns
         -------
@@ -150,10 +151,11 @@ class CupyDatasetAccessor:
         ``region``, ``encoding``, ``consolidated``, ``zarr_format``, ``storage_options``,
         ``compute`` ...) and writes the same Zarr store it would, from GPU data too (xarray's own
         ``to_zarr`` refuses cupy arrays). A new store on a local path gets its chunks written by
-        the engine: compressed with nvCOMP on the GPU (zstd, LZ4) or numcodecs on CPU threads,
-        each file under a temporary name renamed into place, dask arrays a task per block;
-        other writes (appends, regions, remote stores, CF-transformed values, dask under
-        distributed) go through xarray from host copies.
+        the engine: compressed with nvCOMP on the GPU (zstd) or numcodecs on CPU threads, each
+        file under a temporary name renamed into place, dask arrays a task per block; so are
+        appends and regions of whole chunks. Other writes (remote stores, CF-transformed
+        values, appends sharing a chunk with data already written, dask under distributed)
+        go through xarray from host copies.
 
         Returns
         -------
@@ -177,16 +179,6 @@ class CupyDatasetAccessor:
     def as_numpy(self) -> xr.Dataset:
         """A new Dataset with everything in host memory."""
         return self._convert(lambda da: da.cupy.as_numpy())
-
-
-def _host_dataset(ds: xr.Dataset) -> xr.Dataset:
-    """``ds`` with its GPU data (data variables and coordinates) in host memory, lazily for dask."""
-    changes = {
-        name: _convert_var(var, host_copy)
-        for name, var in ds.variables.items()
-        if name not in ds.indexes and (_is_dask(var._data) or is_cupy_array(var._data))
-    }
-    return ds.assign(changes) if changes else ds
 
 
 def _all_cupy(data_vars) -> bool:
@@ -217,9 +209,11 @@ class CupyDataTreeAccessor:
 
     def to_zarr(self, store: Any, **kwargs: Any) -> Any:
         """Write this DataTree to a Zarr store, as :meth:`xarray.DataTree.to_zarr` does, from GPU
-        data too: every node's data are copied to the host (dask arrays block by block) and
-        written by xarray."""
-        return self._tree.map_over_datasets(_host_dataset).to_zarr(store, **kwargs)
+        data too: xarray writes every group's metadata, the engine the chunks of each group's
+        variables as it writes a Dataset's (see :meth:`CupyDatasetAccessor.to_zarr`)."""
+        from .write.dataset import tree_to_zarr
+
+        return tree_to_zarr(self._tree, store, **kwargs)
 
 
 def _as_cupy(self, coords: bool = False):

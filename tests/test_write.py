@@ -402,10 +402,21 @@ def test_an_append_encoded_by_the_stored_variable_is_xarrays(tmp_path):
     assert_same_files(tmp_path / "a.zarr", tmp_path / "b.zarr")
 
 
-def test_a_datatree(tmp_path):
-    tree = xr.DataTree.from_dict({"/a": _dataset(shape=(4, 6, 8)), "/b/c": _dataset("i2", shape=(3, 5))})
-    tree.to_zarr(tmp_path / "x.zarr")
-    tree.cupy.to_zarr(tmp_path / "e.zarr")
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_a_datatree(tmp_path, fmt):
+    """Every group's chunks written by the engine (eager and dask), inherited coordinates and
+    per-group encodings as xarray writes them: its files."""
+    root = xr.Dataset({"r": ("x", np.arange(5.0))}, coords={"x": np.arange(5)})
+    a = _dataset(shape=(4, 6, 5))  # its x: the root's coordinate, inherited
+    c = _dataset("i2", shape=(3, 5)).chunk({"t": 1})
+    c = c.assign(lat=("y", np.linspace(0, 1, 5)))
+    tree = xr.DataTree.from_dict({"/": root, "/a": a, "/b/c": c})
+    enc = {"/a": {"v": {"chunks": (2, 3, 2), "compressors": _chains(fmt)["zstd-1"]}}}
+    tree.to_zarr(tmp_path / "x.zarr", encoding=enc, zarr_format=fmt)
+    with record_writes() as reports:
+        tree.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc, zarr_format=fmt)
+    assert sorted(reports[0].arrays) == ["a/v", "b/c/lat", "b/c/v", "r"], str(reports[0])
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
     xr.testing.assert_identical(
         xr.open_datatree(tmp_path / "e.zarr", engine="zarr").load(),
         xr.open_datatree(tmp_path / "x.zarr", engine="zarr").load(),
@@ -577,6 +588,24 @@ def test_gpu_appends_and_regions(tmp_path, chain):
     assert _files(a).keys() == _files(b).keys()
     if chain == "none":
         assert_same_files(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_datatree(tmp_path):
+    """A DataTree of cupy arrays (eager and dask): every group's chunks by the engine."""
+    a = _dataset(shape=(4, 6, 5))
+    c = _dataset("i2", shape=(3, 5))
+    tree = xr.DataTree.from_dict({"/a": a, "/b/c": c})
+    gpu = xr.DataTree.from_dict({"/a": a.cupy.as_cupy(), "/b/c": c.cupy.as_cupy().chunk({"t": 1})})
+    enc = {"/a": {"v": {"chunks": (2, 3, 2), "compressors": zarr.codecs.ZstdCodec(level=1)}}}
+    tree.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    with record_writes() as reports:
+        gpu.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    assert sorted(reports[0].arrays) == ["a/v", "b/c/v"] and "gpu" in reports[0].encoder, str(reports[0])
+    xr.testing.assert_identical(
+        xr.open_datatree(tmp_path / "e.zarr", engine="zarr").load(),
+        xr.open_datatree(tmp_path / "x.zarr", engine="zarr").load(),
+    )
 
 
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -235,15 +236,30 @@ def _read_from(var: xr.Variable) -> Path | None:
     return (Path(root) / getattr(store_path, "path", "")).resolve()
 
 
-def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
-    """Write ``ds`` as ``ds.to_zarr(store, **kwargs)`` would, its GPU data included; returns
-    what that returns (a ``ZarrStore``, or a dask ``Delayed`` with ``compute=False``)."""
-    root = _local_root(store)
-    _refuse_overwriting_a_source(ds, root, kwargs)
-    kind = _kind(root, kwargs)
-    encodings = kwargs.get("encoding") or {}
+@dataclass
+class _Node:
+    """One group's part of a write: its Dataset, what the engine writes of it and where, and
+    the stand-in xarray writes the metadata from."""
+
+    path: str  # the group's path in the store, "" for the root
+    ds: xr.Dataset
+    fast: list  # eager variables the engine writes
+    blocks: list  # dask variables the engine writes, a task per block
+    lazy: list  # dask variables xarray writes again after the metadata
+    origins: dict
+    template: xr.Dataset
+
+    def key(self, name: str) -> str:
+        return f"{self.path}/{name}" if self.path else name
+
+
+def _plan(
+    ds: xr.Dataset, root: Path | None, path: str, kind: str | None, encodings: dict, kwargs: dict
+) -> _Node:
+    """What the engine writes of ``ds`` (the group at ``path``) and the template xarray writes
+    the metadata from; ``kind`` None: xarray writes it all."""
     ours = [n for n, v in ds.data_vars.items() if kind and _engine_writes(v.variable, encodings.get(n, {}))]
-    origins = _origins(root, ds, ours, kind, kwargs) if ours else {}
+    origins = _origins(root / path if path else root, ds, ours, kind, kwargs) if ours else {}
     if origins is None:
         kind, origins = None, {}
     ours = [n for n in ours if n in origins]
@@ -253,7 +269,7 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     # its host copy in the template is dropped with the placeholders', and made again below
     lazy = [n for n, v in ds.variables.items() if kind and is_dask_array(v._data) and n not in blocks]
     if kind in ("append", "region") and (lazy or not ours):
-        kind, fast, blocks, lazy = None, [], [], []  # xarray writes it all, as it would
+        fast, blocks, lazy = [], [], []  # xarray writes it all, as it would
     changes = {}
     for name, var in ds.variables.items():
         if name in fast:
@@ -261,44 +277,90 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
         elif is_dask_array(var._data) or _on_gpu(var._data):
             changes[name] = _host(var)  # dask: its write in the template's is dropped, redone below
     template = ds.assign(changes) if changes else ds
-    if not kind:
+    return _Node(path, ds, fast, blocks, lazy, origins, template)
+
+
+def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
+    """Write ``ds`` as ``ds.to_zarr(store, **kwargs)`` would, its GPU data included; returns
+    what that returns (a ``ZarrStore``, or a dask ``Delayed`` with ``compute=False``)."""
+    root = _local_root(store)
+    _refuse_overwriting_a_source(ds, root, kwargs)
+    kind = _kind(root, kwargs)
+    encodings = kwargs.get("encoding") or {}
+    node = _plan(ds, root, "", kind, encodings, kwargs)
+    if not (node.fast or node.blocks or node.lazy):
+        return node.template.to_zarr(store, **kwargs)
+    compute = kwargs.pop("compute", True)
+    kwargs["encoding"] = {**encodings, **{n: node.template[n].encoding for n in node.fast if n in encodings}}
+    node.template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
+    return _write_chunks(root, store, [node], kind, compute, kwargs)
+
+
+def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
+    """Write ``tree`` as ``tree.to_zarr(store, **kwargs)`` would, its GPU data included: the
+    chunks of every group's variables written as a Dataset's are."""
+    root = _local_root(store)
+    kind = _kind(root, kwargs)
+    if kind != "new":  # xarray writes trees new only, or into existing groups' regions
+        kind = None
+    encodings = kwargs.get("encoding") or {}
+    nodes = []
+    for rel, sub in tree.subtree_with_keys:
+        ds = sub.to_dataset(inherit=sub is tree or bool(kwargs.get("write_inherited_coords")))
+        _refuse_overwriting_a_source(ds, root, kwargs)
+        path = "" if sub is tree else str(rel)
+        nodes.append(_plan(ds, root, path, kind, encodings.get(sub.path, {}), kwargs))
+    template = xr.DataTree.from_dict({"/" + n.path: n.template for n in nodes})
+    if not any(n.fast or n.blocks or n.lazy for n in nodes):
         return template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
-    kwargs["encoding"] = {**encodings, **{n: template[n].encoding for n in fast if n in encodings}}
-    template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
+    kwargs["encoding"] = {
+        group: {**enc, **{v: template[group][v].encoding for v in enc if v in template[group].data_vars}}
+        for group, enc in encodings.items()
+    }
+    template.to_zarr(store, compute=False, **kwargs)
+    return _write_chunks(root, store, nodes, kind, compute, kwargs)
+
+
+def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool, kwargs: dict) -> Any:
+    """The engine's part of a write whose metadata xarray wrote: every node's chunks, then the
+    dask variables xarray writes again."""
     writer = _ChunkWriter(root, _threads(), overwrite=kind != "new")
     file(_recorders, writer.report)
     tasks = []
     try:
-        for name in fast + blocks:
-            data = ds[name].variable._data
-            meta = _meta(root, name)
-            try:
-                recipe = recipe_of(meta)
-            except Unsupported:
-                lazy.append(name)  # another codec chain: zarr-python encodes it, below
-                continue
-            if name in fast:
-                writer.write(name, data, meta, recipe, origins[name])
-            elif _aligned(data.chunks, chunk_shape(meta)):
-                tasks += _block_writes(writer, name, data, meta, recipe, origins[name])
-            else:
-                lazy.append(name)  # dask chunks across zarr chunks: xarray's checks and write
+        for node in nodes:
+            for name in node.fast + node.blocks:
+                data = node.ds[name].variable._data
+                meta = _meta(root, node.key(name))
+                try:
+                    recipe = recipe_of(meta)
+                except Unsupported:
+                    node.lazy.append(name)  # another codec chain: zarr-python encodes it, below
+                    continue
+                if name in node.fast:
+                    writer.write(node.key(name), data, meta, recipe, node.origins[name])
+                elif _aligned(data.chunks, chunk_shape(meta)):
+                    tasks += _block_writes(writer, node.key(name), data, meta, recipe, node.origins[name])
+                else:
+                    node.lazy.append(name)  # dask chunks across zarr chunks: xarray's checks and write
     except BaseException:
         writer.close()
         raise
-    delayed = None
-    if lazy:  # xarray writes these from host copies (block by block), into the arrays made above
-        part = xr.Dataset({n: _host(ds.variables[n]) for n in lazy})
-        sub = {k: v for k, v in kwargs.items() if k in ("zarr_format", "zarr_version")}
-        delayed = part.to_zarr(store, mode="r+", compute=False, consolidated=False, **sub)
     import dask
 
+    later = []
+    sub = {k: v for k, v in kwargs.items() if k in ("zarr_format", "zarr_version")}
+    for node in nodes:  # xarray writes these from host copies (block by block), into the arrays made
+        if node.lazy:
+            part = xr.Dataset({n: _host(node.ds.variables[n]) for n in node.lazy})
+            group = {"group": node.path} if node.path else {}
+            later.append(part.to_zarr(store, mode="r+", compute=False, consolidated=False, **group, **sub))
     if tasks:  # the file threads stay until the dask blocks are written
-        done = dask.delayed(_close, pure=False)(writer, delayed, *tasks)
+        done = dask.delayed(_close, pure=False)(writer, *later, *tasks)
     else:
         writer.close()
-        done = delayed if delayed is not None else dask.delayed(_close, pure=False)(None)
+        done = dask.delayed(_close, pure=False)(None, *later)
     if not compute:
         return done
     done.compute()
@@ -330,6 +392,7 @@ class _ChunkWriter:
         part = WriteReport()
         where = self.root / name
         write_array(where, meta, recipe, data, xp, encoder, self.pool, part, origin, self.overwrite)
+        part.arrays = [name]  # its path in the store
         with self._lock:
             self.report.add(part)
 
@@ -397,10 +460,10 @@ def _opened(root: Path, kwargs: dict) -> Any:
         return None
 
 
-def _meta(root: Path, name: str) -> Any:
+def _meta(root: Path, path: str) -> Any:
     import zarr
 
-    return zarr.open_array(store=str(root), path=name, mode="r").metadata
+    return zarr.open_array(store=str(root), path=path, mode="r").metadata
 
 
 def _xp(data: Any) -> Any:
