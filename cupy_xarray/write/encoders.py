@@ -437,20 +437,10 @@ CPU_SHARE = {"Zstd": 0.0, "LZ4": 1.0}
 
 
 def pinned_host(nbytes: int) -> np.ndarray:
-    """Page-locked host memory of a size class (2^k or 1.5 x 2^k bytes): cupy's pinned pool
-    gives back a freed block of the same size, and the compressed bytes of a batch differ in
-    size from one batch to the next (a new block is a slow ``cudaHostAlloc``)."""
+    """Page-locked host memory (a batch's sizes, statuses, flags and checksums)."""
     from ..engine.buffers import pinned_buffer
 
-    return pinned_buffer(size_class(nbytes))[:nbytes]
-
-
-def size_class(nbytes: int) -> int:
-    """The smallest 2^k or 1.5 x 2^k at least ``nbytes`` (at least 4 KiB)."""
-    if nbytes <= 4096:
-        return 4096
-    k = (nbytes - 1).bit_length()
-    return 3 << (k - 2) if nbytes <= 3 << (k - 2) else 1 << k
+    return pinned_buffer(nbytes)[:nbytes]
 
 
 def _copy_to_host(dst: int, src: int, nbytes: int, stream: Any) -> None:
