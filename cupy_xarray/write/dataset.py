@@ -161,7 +161,8 @@ def _origins(root: Path, ds: xr.Dataset, names: list, kind: str, kwargs: dict) -
 
     try:
         group = zarr.open_group(str(root), mode="r")
-        existing = xr.open_dataset(root, engine="zarr", chunks=None)
+        # the arrays' own metadata (a consolidated copy may be stale; not having one warns)
+        existing = xr.open_dataset(root, engine="zarr", chunks=None, consolidated=False)
     except Exception:  # noqa: BLE001 - no store there yet: xarray says what is wrong
         return None
     origins = {}
