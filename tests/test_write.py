@@ -387,6 +387,26 @@ def test_random_appends_and_regions_match_xarray(tmp_path, case):
         assert_same_files(a, b)
 
 
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_a_group(tmp_path, fmt):
+    """``group=``: a new group (eager and dask), an append to it and a region of it, by the
+    engine: the files xarray writes."""
+    ds = _dataset("f4", (4, 10, 8), holes=False)
+    enc = {"v": {"chunks": (2, 5, 4), "compressors": _chains(fmt)["zstd-1"]}}
+    more = _dataset("f4", (2, 10, 8), seed=1).assign_coords(t=[4, 5])
+    patch = _dataset("f4", (2, 10, 8), seed=2).drop_vars("t")
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    ds.to_zarr(a, group="g/h", encoding=enc, zarr_format=fmt)
+    more.chunk({"t": 2}).to_zarr(a, group="g/h", append_dim="t")
+    patch.to_zarr(a, group="g/h", region={"t": slice(0, 2)})
+    with record_writes() as reports:
+        ds.cupy.to_zarr(b, group="g/h", encoding=enc, zarr_format=fmt)
+        more.chunk({"t": 2}).cupy.to_zarr(b, group="g/h", append_dim="t")
+        patch.cupy.to_zarr(b, group="g/h", region={"t": slice(0, 2)})
+    assert [r.arrays for r in reports] == [["g/h/v"]] * 3, [str(r) for r in reports]
+    assert_same_files(a, b)
+
+
 def test_an_append_encoded_by_the_stored_variable_is_xarrays(tmp_path):
     """xarray encodes appended values with the stored variable's encoding (here a scale and
     an integer dtype): the engine leaves such appends to it."""

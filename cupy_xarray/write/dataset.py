@@ -6,8 +6,9 @@ numeric variables is then written chunk by chunk from where it lies (:mod:`.chun
 LZ4 chunks of GPU data through nvCOMP, every other compressor and host data through numcodecs
 on CPU threads; dask arrays a task per block, under dask's threaded or synchronous scheduler.
 Appends (``append_dim``) and ``region=`` writes of slices go the same way where the data
-begin and end on chunk boundaries. Everything else (dask under other schedulers, CF transforms
-of the values, filters, sharding, remote stores, groups, ``mode="a"`` without ``append_dim``,
+begin and end on chunk boundaries, into the root or a ``group=``, and so does every group of a
+DataTree. Everything else (dask under other schedulers, CF transforms of the values, filters,
+sharding, remote stores, ``mode="a"`` without ``append_dim``,
 ``region="auto"``, appends and regions across chunk boundaries) is written by xarray from host
 copies.
 """
@@ -130,11 +131,11 @@ def _placeholder(var: xr.Variable, encoding: dict | None) -> xr.Variable:
 def _kind(root: Path | None, kwargs: dict) -> str | None:
     """What the engine may write chunks for in this ``to_zarr`` call on a local path:
     ``"new"`` (a new store), ``"append"`` (``append_dim``), ``"region"`` (``region=`` of
-    slices); None where xarray writes everything (remote stores, groups, ``mode="a"`` without
+    slices); None where xarray writes everything (remote stores, ``mode="a"`` without
     ``append_dim``, ``region="auto"``)."""
     if root is None:
         return None
-    if kwargs.get("storage_options") or kwargs.get("group") or kwargs.get("chunkmanager_store_kwargs"):
+    if kwargs.get("storage_options") or kwargs.get("chunkmanager_store_kwargs"):
         return None
     try:
         import dask.array  # noqa: F401 - the placeholders that let xarray write metadata only
@@ -288,7 +289,7 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     _refuse_overwriting_a_source(ds, root, kwargs)
     kind = _kind(root, kwargs)
     encodings = kwargs.get("encoding") or {}
-    node = _plan(ds, root, "", kind, encodings, kwargs)
+    node = _plan(ds, root, (kwargs.get("group") or "").strip("/"), kind, encodings, kwargs)
     if not (node.fast or node.blocks or node.lazy):
         return node.template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
@@ -456,7 +457,9 @@ def _close(writer: _ChunkWriter | None, *done: Any) -> None:
 def _opened(root: Path, kwargs: dict) -> Any:
     """The written store, as xarray's ``to_zarr`` returns it (a ``ZarrStore``)."""
     try:
-        return xr.backends.ZarrStore.open_group(str(root), mode="r", zarr_format=kwargs.get("zarr_format"))
+        return xr.backends.ZarrStore.open_group(
+            str(root), mode="r", group=kwargs.get("group"), zarr_format=kwargs.get("zarr_format")
+        )
     except Exception:  # noqa: BLE001 - the data are written; the handle is a courtesy
         return None
 
