@@ -37,22 +37,26 @@ TILE = (4, 512, 512)
 FIRST: list[float] = []  # each best()'s first run
 
 
-def best(fn, before=None, repeat: int = 3) -> float:
+def runs(fn, before=None, repeat: int = 3) -> list[float]:
+    """Seconds of ``repeat`` runs of ``fn`` after one that warms up (its seconds go to
+    :data:`FIRST`); ``before`` runs ahead of each, untimed."""
     import cupy
 
     times = []
-    for i in range(repeat + 1):
+    for _ in range(repeat + 1):
         if before is not None:
             before()
         cupy.cuda.Device().synchronize()
         t0 = time.perf_counter()
         fn()
         cupy.cuda.Device().synchronize()
-        if i:  # the first run warms up
-            times.append(time.perf_counter() - t0)
-        else:
-            FIRST.append(time.perf_counter() - t0)
-    return min(times)
+        times.append(time.perf_counter() - t0)
+    FIRST.append(times[0])
+    return times[1:]
+
+
+def best(fn, before=None, repeat: int = 3) -> float:
+    return min(runs(fn, before, repeat))
 
 
 def main() -> None:

@@ -17,25 +17,10 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import time
 from pathlib import Path
 
 from read_throughput import PeakGPUMemory, smooth_field
-
-
-def timed(fn, fresh, repeat: int) -> list[float]:
-    import cupy
-
-    times = []
-    for i in range(repeat + 1):
-        fresh()
-        cupy.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        fn()
-        cupy.cuda.Device().synchronize()
-        if i:  # the first run warms up
-            times.append(time.perf_counter() - t0)
-    return times
+from write_phases import runs
 
 
 def main() -> None:
@@ -71,7 +56,7 @@ def main() -> None:
             "zarr GPU mode (array only)": zarr_gpu,
         }
         for label, fn in ways.items():
-            ms = statistics.median(timed(fn, fresh, args.repeat)) * 1e3
+            ms = statistics.median(runs(fn, fresh, args.repeat)) * 1e3
             print(f"one 1 MiB chunk, {name:<12} {label:<28} {ms:7.2f} ms (median)", flush=True)
 
     base = xr.Dataset({"field": (("t", "y", "x"), cupy.asarray(smooth_field((64, 512, 512))))})
@@ -87,7 +72,7 @@ def main() -> None:
         "engine": lambda: step.cupy.to_zarr(target, append_dim="t"),
         "as_numpy().to_zarr": lambda: step.cupy.as_numpy().to_zarr(target, append_dim="t"),
     }.items():
-        ms = statistics.median(timed(fn, store_of_64, min(args.repeat, 10))) * 1e3
+        ms = statistics.median(runs(fn, store_of_64, min(args.repeat, 10))) * 1e3
         print(f"append of one 1 MiB chunk, zstd-1, {label:<20} {ms:7.2f} ms (median)", flush=True)
 
     t = max(16, int(args.size_gib * 2**30 / (2048 * 2048 * 4)) // 16 * 16)
@@ -101,7 +86,7 @@ def main() -> None:
         "as_numpy().to_zarr, dask blocks": lambda: lazy.cupy.as_numpy().to_zarr(target, encoding=enc),
     }.items():
         with PeakGPUMemory() as mem:
-            s = min(timed(fn, fresh, 2))
+            s = min(runs(fn, fresh, 2))
         print(
             f"{field.nbytes / 2**30:.1f} GiB zstd-1 tiles, {label:<34} {field.nbytes / s / 1e9:6.2f} GB/s  "
             f"peak GPU {mem.used / field.nbytes:.2f}x data",
