@@ -431,7 +431,10 @@ def test_a_datatree(tmp_path, fmt):
     c = _dataset("i2", shape=(3, 5)).chunk({"t": 1})
     c = c.assign(lat=("y", np.linspace(0, 1, 5)))
     tree = xr.DataTree.from_dict({"/": root, "/a": a, "/b/c": c})
-    enc = {"/a": {"v": {"chunks": (2, 3, 2), "compressors": _chains(fmt)["zstd-1"]}}}
+    enc = {
+        "/a": {"v": {"chunks": (2, 3, 2), "compressors": _chains(fmt)["zstd-1"]}},
+        "/b/c": {"v": {"chunks": (1, 3)}},  # dask blocks: written a task per block
+    }
     tree.to_zarr(tmp_path / "x.zarr", encoding=enc, zarr_format=fmt)
     with record_writes() as reports:
         tree.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc, zarr_format=fmt)

@@ -253,6 +253,11 @@ class _Node:
     def key(self, name: str) -> str:
         return f"{self.path}/{name}" if self.path else name
 
+    def encoding(self, given: dict) -> dict:
+        """The ``encoding=`` entries xarray writes the template with: ``given``, a placeholder's
+        own (its chunks as xarray would choose them) for the variables it names."""
+        return {**given, **{n: self.template[n].encoding for n in self.fast if n in given}}
+
 
 def _plan(
     ds: xr.Dataset, root: Path | None, path: str, kind: str | None, encodings: dict, kwargs: dict
@@ -292,7 +297,7 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     if not (node.fast or node.blocks or node.lazy):
         return node.template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
-    kwargs["encoding"] = {**encodings, **{n: node.template[n].encoding for n in node.fast if n in encodings}}
+    kwargs["encoding"] = node.encoding(encodings)
     node.template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
     return _write_chunks(root, store, [node], kind, compute, kwargs)
 
@@ -315,9 +320,9 @@ def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
     if not any(n.fast or n.blocks or n.lazy for n in nodes):
         return template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
-    kwargs["encoding"] = {
-        group: {**enc, **{v: template[group][v].encoding for v in enc if v in template[group].data_vars}}
-        for group, enc in encodings.items()
+    by_path = {"/" + n.path: n for n in nodes}
+    kwargs["encoding"] = {  # (a group the tree lacks: xarray says so)
+        group: by_path[group].encoding(enc) if group in by_path else enc for group, enc in encodings.items()
     }
     template.to_zarr(store, compute=False, **kwargs)
     return _write_chunks(root, store, nodes, kind, compute, kwargs)
