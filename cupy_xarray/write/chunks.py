@@ -249,8 +249,6 @@ def write_array(
     per_row = int(np.prod([len(g) for g in grid[1:]])) if data.ndim > 1 else 1
     sizes = _plan(len(indexes), encoder.batch_chunks(nbytes, stride, BATCH_BYTES, recipe), per_row)
     streams = _streams(xp)
-    if directory.name not in report.arrays:
-        report.arrays.append(directory.name)
     report.encoder = encoder.name
     files = _Files(directory, pool, recipe.crc32c, overwrite)
     t0 = time.perf_counter()

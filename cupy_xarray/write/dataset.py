@@ -395,10 +395,9 @@ class _ChunkWriter:
         xp = _xp(data)
         chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
         encoder = self.encoder_for(xp is not np, recipe, chunk_bytes)
-        part = WriteReport()
+        part = WriteReport(arrays=[name])  # its path in the store
         where = self.root / name
         write_array(where, meta, recipe, data, xp, encoder, self.pool, part, origin, self.overwrite)
-        part.arrays = [name]  # its path in the store
         with self._lock:
             self.report.add(part)
 
