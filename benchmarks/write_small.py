@@ -28,10 +28,13 @@ def main() -> None:
     import xarray as xr
     import zarr
 
+    import cupy_xarray  # noqa: F401 - registers the .cupy accessor
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/wsmall")
     ap.add_argument("--size-gib", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--profile", action="store_true", help="profile one warm one-chunk zstd write")
     args = ap.parse_args()
     out = Path(args.dir)
     target = out / "t.zarr"
@@ -58,6 +61,14 @@ def main() -> None:
         for label, fn in ways.items():
             ms = statistics.median(runs(fn, fresh, args.repeat)) * 1e3
             print(f"one 1 MiB chunk, {name:<12} {label:<28} {ms:7.2f} ms (median)", flush=True)
+        if args.profile and codec is not None:
+            import cProfile
+            import pstats
+
+            fresh()
+            with cProfile.Profile() as prof:
+                ways["engine"]()
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
 
     base = xr.Dataset({"field": (("t", "y", "x"), cupy.asarray(smooth_field((64, 512, 512))))})
     base = base.assign_coords(t=range(64))

@@ -33,3 +33,11 @@ def test_what_a_benchmark_imports_from_the_package_exists(path):
 def test_the_check_sees_the_imports():
     here = Path(__file__).parent.parent / "benchmarks" / "write_patterns.py"
     assert ("cupy_xarray", "record_writes") in _imports(here)
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_a_benchmark_using_the_accessor_imports_the_package(path):
+    # ``.cupy`` exists on xarray objects only once cupy_xarray is imported
+    text = path.read_text()
+    if ".cupy." in text.replace("import cupy.", ""):
+        assert any(module.startswith("cupy_xarray") for module, _ in _imports(path)), path.name

@@ -5,6 +5,7 @@ with nvCOMP; the tests marked gpu run it with nvCOMP."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numcodecs
@@ -23,7 +24,9 @@ from cupy_xarray.errors import ChunkError
 
 
 def _streams(count=6, n=40000):
-    data = [np.sin(np.arange(i, i + n, dtype="f4") / 50).astype("f4").tobytes() for i in range(count)]
+    # of different sizes: an answer given to the wrong batch fails its size checks
+    ramps = [np.arange(i, i + n + 256 * i, dtype="f4") for i in range(count)]
+    data = [np.sin(r / 50).astype("f4").tobytes() for r in ramps]
     codec = numcodecs.Zstd(1)
     return data, [np.frombuffer(codec.encode(d), np.uint8) for d in data]
 
@@ -53,6 +56,62 @@ def test_a_lost_process_is_named_bounded_and_replaced(fault, options):
         decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
     assert time.perf_counter() - t0 < 5 and procs.lost == lost + 1
     outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # the spare took over
+    assert [o.tobytes() for o in outs] == data
+
+
+def _rotated(data, srcs, k):
+    return data[k:] + data[:k], srcs[k:] + srcs[:k]
+
+
+def test_batches_from_several_threads_are_in_flight_at_once():
+    # each thread's answer must come back to it: the batches differ, so a mixed-up answer fails
+    data, srcs = _streams(count=8)
+    decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # started
+    results: dict = {}
+
+    def one(k):
+        want, got = _rotated(data, srcs, k)
+        for _ in range(3):
+            outs, _ = decode_batch("zstd", got, [len(d) for d in want], None, False, 0.01)
+            results.setdefault(k, []).append([o.tobytes() for o in outs] == want)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {k: [True] * 3 for k in range(8)}
+
+
+def test_a_stall_loses_every_batch_in_flight_once(options):
+    options(decoder_timeout=1.0, decoder_min_wait=0.5)
+    data, srcs = _streams(count=4)
+    procs = decoder_processes("host")
+    decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # started, with a spare
+    lost = procs.lost
+    procs.fail_next("stall")
+    outcomes: list = []
+
+    def one(k):
+        want, got = _rotated(data, srcs, k)
+        try:
+            outs, _ = decode_batch("zstd", got, [len(d) for d in want], None, False, 0.01)
+            outcomes.append([o.tobytes() for o in outs] == want)
+        except DecoderLost as exc:
+            outcomes.append(str(exc))
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.perf_counter() - t0 < 5
+    lost_here = [o for o in outcomes if not isinstance(o, bool)]
+    assert lost_here and all(o is True for o in outcomes if isinstance(o, bool)), outcomes
+    assert any("did not answer within" in o for o in lost_here), outcomes
+    assert procs.lost == lost + 1  # one process lost, however many batches it held
+    outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # the spare
     assert [o.tobytes() for o in outs] == data
 
 

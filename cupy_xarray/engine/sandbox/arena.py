@@ -30,7 +30,8 @@ class HostArena:
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = max(int(nbytes), 1)
-        self.path = os.path.join(_shm_dir(), f"cupy-xarray-{os.getpid()}-{next(_names)}")
+        self.id = f"{os.getpid()}-{next(_names)}"
+        self.path = os.path.join(_shm_dir(), f"cupy-xarray-{self.id}")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, self.nbytes)
@@ -42,7 +43,7 @@ class HostArena:
             os.close(fd)
 
     def export(self) -> dict:
-        return {"kind": self.kind, "path": self.path, "size": self.nbytes}
+        return {"kind": self.kind, "id": self.id, "path": self.path, "size": self.nbytes}
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         return self.array[offset : offset + nbytes]
@@ -96,6 +97,7 @@ class DeviceArena:
         import cupy
 
         self.nbytes = max(int(nbytes), 1)
+        self.id = f"{os.getpid()}-{next(_names)}"
         self._alloc = _DeviceAllocation(self.nbytes)
         self.ptr = self._alloc.ptr
         self.handle = cupy.cuda.runtime.ipcGetMemHandle(self.ptr)
@@ -104,7 +106,13 @@ class DeviceArena:
         self.device = cupy.cuda.Device().id
 
     def export(self) -> dict:
-        return {"kind": self.kind, "handle": bytes(self.handle), "size": self.nbytes, "device": self.device}
+        return {
+            "kind": self.kind,
+            "id": self.id,
+            "handle": bytes(self.handle),
+            "size": self.nbytes,
+            "device": self.device,
+        }
 
     def view(self, offset: int, nbytes: int) -> Any:
         return self.array[offset : offset + nbytes]

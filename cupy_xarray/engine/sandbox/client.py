@@ -5,10 +5,12 @@ dies or stalls (:class:`DecoderLost`: the caller then decodes the batch on CPU t
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import subprocess
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -28,7 +30,10 @@ class DecoderLost(RuntimeError):
 
 
 class _Worker:
-    """One decoder process and its two pipes."""
+    """One decoder process, its two pipes, and the answers its batches are waiting for.
+
+    Several threads may each have a batch in flight; whichever of them is waiting reads the
+    next answer from the pipe and hands it to the batch it names."""
 
     def __init__(self, mode: str) -> None:
         child_reads, we_write = os.pipe()
@@ -54,6 +59,12 @@ class _Worker:
         self.send = Connection(we_write, readable=False)
         self.answers = Connection(we_read, writable=False)
         self.ready = False
+        self._sending = threading.Lock()
+        self._cond = threading.Condition()
+        self._replies: dict[int, tuple] = {}
+        self._reading = False
+        #: why this process is lost (None while it lives)
+        self.lost: str | None = None
 
     def wait_ready(self, timeout: float) -> None:
         if self.ready:
@@ -65,10 +76,69 @@ class _Worker:
         except (EOFError, OSError):
             raise DecoderLost("the decoder process ended while it started") from None
         if reply[0] != "ready":
-            raise DecoderLost(f"the decoder process cannot decode here: {reply[1]}")
+            raise DecoderLost(f"the decoder process cannot decode here: {reply[-1]}")
         self.ready = True
 
+    def request(self, msg: tuple) -> None:
+        try:
+            with self._sending:
+                self.send.send(msg)
+        except OSError:
+            raise DecoderLost("the decoder process had ended") from None
+
+    def answer(self, rid: int, wait_s: float) -> tuple:
+        """The answer to batch ``rid``; DecoderLost where the process dies, fails or gives no
+        answer to it within ``wait_s`` seconds (every batch in flight is then lost)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._cond:
+                while True:
+                    if rid in self._replies:
+                        return self._replies.pop(rid)
+                    if self.lost is not None:
+                        raise DecoderLost(self.lost)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self._mark_lost(
+                            f"the decoder process did not answer within {wait_s:.1f} s (a damaged stream?)"
+                        )
+                        raise DecoderLost(self.lost)
+                    if not self._reading:
+                        self._reading = True
+                        break
+                    self._cond.wait(remaining)
+            reply = why = None
+            try:
+                if self.answers.poll(remaining):
+                    reply = self.answers.recv()
+            except (EOFError, OSError):
+                why = "the decoder process died while it decoded (a damaged stream?)"
+            with self._cond:
+                self._reading = False
+                if reply is not None and reply[0] == "done":
+                    self._replies[reply[1]] = reply[2:]
+                elif reply is not None:
+                    self._mark_lost(f"the decoder process failed: {reply[-1]}")
+                elif why is not None:
+                    self._mark_lost(why)
+                self._cond.notify_all()
+
+    def _mark_lost(self, why: str) -> None:  # (holding self._cond)
+        if self.lost is None:
+            self.lost = why
+        self._cond.notify_all()
+
+    def forget(self, arena_id: str) -> None:
+        """Tell the process to unmap an arena (no answer)."""
+        if self.ready and self.lost is None:
+            try:
+                self.request(("forget", arena_id))
+            except DecoderLost:
+                pass
+
     def kill(self) -> None:
+        with self._cond:
+            self._mark_lost("the decoder process was stopped")
         try:
             self.proc.kill()
             self.proc.wait(timeout=10)
@@ -90,6 +160,7 @@ class DecoderProcesses:
         self._lock = threading.Lock()
         self._current: _Worker | None = None
         self._spare: _Worker | None = None
+        self._ids = itertools.count()
         #: processes lost to a death, a stall or a failure, and batches answered, since this
         #: object was made
         self.lost = 0
@@ -107,44 +178,43 @@ class DecoderProcesses:
         try:
             self._current.wait_ready(START_TIMEOUT_S)
         except DecoderLost:
-            self._lose()
+            self._lose(self._current)
             raise
         if self._spare is None:
             self._spare = _Worker(self.mode)  # starts now, beside the batch
         return self._current
 
-    def _lose(self) -> None:
-        if self._current is not None:
-            self._current.kill()
+    def _lose(self, worker: _Worker) -> None:  # (holding self._lock)
+        worker.kill()
+        if worker is self._current:
             self._current = None
             self.lost += 1
 
-    def run(self, msg: tuple, wait_s: float) -> tuple[np.ndarray, np.ndarray]:
-        """Send one batch; its (sizes, statuses), or DecoderLost after ``wait_s`` seconds."""
+    def run(self, msg: tuple, wait_s: float) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Send one batch; its (sizes, statuses, seconds), or DecoderLost after ``wait_s``
+        seconds. Batches from several threads are in flight at once."""
         with self._lock:
             worker = self._take()
+            rid = next(self._ids)
             if self._fault is not None:
                 msg, self._fault = msg[:-1] + (self._fault,), None
-            try:
-                worker.send.send(msg)
-            except OSError:
-                self._lose()
-                raise DecoderLost("the decoder process had ended") from None
-            if not worker.answers.poll(wait_s):
-                self._lose()
-                raise DecoderLost(
-                    f"the decoder process did not answer within {wait_s:.1f} s (a damaged stream?)"
-                )
-            try:
-                reply = worker.answers.recv()
-            except (EOFError, OSError):
-                self._lose()
-                raise DecoderLost("the decoder process died while it decoded (a damaged stream?)") from None
-            if reply[0] != "done":
-                self._lose()
-                raise DecoderLost(f"the decoder process failed: {reply[1]}")
+        try:
+            worker.request(("decode", rid) + msg)
+            sizes, statuses, seconds = worker.answer(rid, wait_s)
+        except DecoderLost:
+            with self._lock:
+                self._lose(worker)
+            raise
+        with self._lock:
             self.batches += 1
-            return reply[1], reply[2]
+        return sizes, statuses, seconds
+
+    def forget(self, arena_id: str) -> None:
+        """Tell the decoding process to unmap an arena that is about to be freed."""
+        with self._lock:
+            worker = self._current
+        if worker is not None:
+            worker.forget(arena_id)
 
     def close(self) -> None:
         with self._lock:
@@ -197,15 +267,20 @@ def decode_batch(
     on_device: bool,
     expected_s: float,
     fault: str | None = None,
+    seconds: dict | None = None,
 ) -> tuple[list[Any], Any]:
     """Decode bare streams of ``kind`` in the decoder process: copied into an arena, decoded
     there, checked (status and exact size per stream), and copied into ``into[i]`` where
     given, else into slots of one new buffer. Returns (outputs, the buffer that holds them).
+    Several threads may each have a batch in flight.
 
     Raises DecodeFailure naming the first stream that does not decode to its size, and
     DecoderLost where the process died or stalled (it is replaced; decode the batch again
-    on CPU threads). ``fault``: ``"die"`` or ``"stall"``, on purpose (tests).
+    on CPU threads). ``fault``: ``"die"`` or ``"stall"``, on purpose (tests). ``seconds``:
+    filled with the time of each step (``arena``, ``fill``, ``answer``: the round trip, and
+    the decoder process's ``map`` and ``decode``), where given.
     """
+    t0 = time.perf_counter()
     n = len(srcs)
     lens = np.array([len(s) for s in srcs], dtype=np.int64)
     caps = np.asarray(expected, dtype=np.int64)
@@ -214,11 +289,19 @@ def decode_batch(
     dst_off, out_total = aligned_slots(caps, _SLOT)
     dst_off = dst_off + in_total
     arena = make_arena(in_total + out_total, on_device)
+    mode = "nvcomp" if on_device else "host"
+    procs = decoder_processes(mode)
     try:
+        t1 = time.perf_counter()
         _fill(arena, srcs, src_off, on_device)
-        mode = "nvcomp" if on_device else "host"
-        msg = ("decode", arena.export(), kind, src_off, lens, dst_off, caps, fault)
-        sizes, statuses = decoder_processes(mode).run(msg, watchdog_seconds(expected_s))
+        t2 = time.perf_counter()
+        msg = (arena.export(), kind, src_off, lens, dst_off, caps, fault)
+        try:
+            sizes, statuses, spent = procs.run(msg, watchdog_seconds(expected_s))
+        finally:
+            procs.forget(arena.id)
+        if seconds is not None:
+            seconds.update(arena=t1 - t0, fill=t2 - t1, answer=time.perf_counter() - t2, **spent)
         bad = np.flatnonzero((statuses != 0) | (sizes != caps))
         if len(bad):
             k = int(bad[0])
