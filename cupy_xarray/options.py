@@ -50,6 +50,7 @@ class Options:
     decoder_process: str = "auto"
     decoder_timeout: float = 5.0
     decoder_min_wait: float = 1.0
+    arena_linger: float = 2.0
     max_chunk_bytes: int = 2**32
     # remote stores
     remote_timeout: float = 120.0
@@ -106,6 +107,7 @@ ENVIRONMENT = {
     "CUPY_XARRAY_NVCOMP_C": "nvcomp_c",
     "CUPY_XARRAY_DECODER_PROCESS": "decoder_process",
     "CUPY_XARRAY_DECODER_TIMEOUT": "decoder_timeout",
+    "CUPY_XARRAY_ARENA_LINGER": "arena_linger",
     "CUPY_XARRAY_MAX_CHUNK_BYTES": "max_chunk_bytes",
     "CUPY_XARRAY_REMOTE_TIMEOUT": "remote_timeout",
     "CUPY_XARRAY_REMOTE_RETRIES": "remote_retries",
@@ -217,6 +219,10 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         batch it does not answer within a few times its expected time (at least
         ``decoder_min_wait``, at most ``decoder_timeout`` seconds; ``CUPY_XARRAY_DECODER_TIMEOUT``)
         costs that process, and the batch is decoded again on CPU threads.
+    arena_linger
+        Seconds the device memory the decoder process decodes in (mapped once by it: 8 ms
+        per GiB on an H200) is kept for the next read once no read uses it (default 2; 0:
+        freed after each batch; ``CUPY_XARRAY_ARENA_LINGER``).
     max_chunk_bytes
         Largest chunk a store's metadata may ask for (``CUPY_XARRAY_MAX_CHUNK_BYTES``).
     remote_timeout, remote_retries, remote_concurrency, remote_backoff, remote_backoff_max

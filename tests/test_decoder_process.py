@@ -258,3 +258,54 @@ def test_damaged_zstd_frames_raise_and_the_gpu_lives_on(tmp_path, name):
     (tmp_path / "again").mkdir()
     path, data = _zstd_store(tmp_path / "again", name=name)  # this process reads on
     np.testing.assert_array_equal(host(xr.open_dataset(path, engine="kvikio").v.data), data)
+
+
+# -- arenas kept between batches ----------------------------------------------------------------
+
+
+def _shm_files():
+    import glob
+    import os
+
+    return set(glob.glob(f"/dev/shm/cupy-xarray-{os.getpid()}-*"))
+
+
+def test_an_arena_is_kept_for_the_next_batch_then_freed(options):
+    options(arena_linger=0.4)
+    data, srcs = _streams()
+    pool = decoder_processes("host").arenas
+    pool.release()
+    made = pool.made
+    for _ in range(3):
+        outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+        assert [o.tobytes() for o in outs] == data
+        del outs, _
+    assert pool.made == made + 1  # one arena, mapped once by the process, for the three batches
+    assert len(_shm_files()) == 1
+    deadline = time.monotonic() + 5
+    while _shm_files() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _shm_files()  # freed once no batch took it for arena_linger seconds
+
+
+def test_no_arena_is_kept_with_no_linger(options):
+    options(arena_linger=0)
+    data, srcs = _streams()
+    decoder_processes("host").arenas.release()
+    outs, owner = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+    assert [o.tobytes() for o in outs] == data
+    del outs, owner
+    assert not _shm_files()
+
+
+def test_decoded_bytes_held_by_the_caller_are_not_overwritten(options):
+    options(arena_linger=5)
+    data, srcs = _streams()
+    first, owner = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+    other_data, other = _rotated(data, srcs, 3)
+    # the same sizes: a free arena would fit, so the first one must not be free while held
+    for _ in range(2):
+        second, _ = decode_batch("zstd", other, [len(d) for d in other_data], None, False, 0.01)
+        assert [o.tobytes() for o in second] == other_data
+    assert [o.tobytes() for o in first] == data
+    del first, owner

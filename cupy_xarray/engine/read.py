@@ -170,6 +170,9 @@ class Read:
         least = self.options.min_batch_bytes
         if not tried or tried <= least:
             return False
+        from .sandbox import release_arenas
+
+        release_arenas()  # the decoder process's idle arenas first
         self.batch_bytes = max(least, tried // 4)
         self.outs[:] = [None] * len(self.requests)
         self.filled.clear()

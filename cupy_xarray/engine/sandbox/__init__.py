@@ -7,12 +7,13 @@ a GPU; a shared file on the host, which CI uses to prove the same machinery)::
 
     arena.py    memory both processes see, one per batch: the streams in, the decoded bytes out
     worker.py   the decoder process: maps an arena, decodes its streams, answers statuses and sizes
-    client.py   start, a spare kept warm, send a batch, the watchdog, kill and restart
+    client.py   start, a spare kept warm, batches in flight, the watchdog, kill and restart,
+                arenas kept a short while for the next batch
 
 A stream that faults or hangs costs only that process: the watchdog kills it, the spare takes
 over, and the caller decodes the batch again on CPU threads (which name a damaged chunk).
 """
 
-from .client import DecoderLost, decode_batch, decoder_processes
+from .client import DecoderLost, decode_batch, decoder_processes, release_arenas
 
-__all__ = ["DecoderLost", "decode_batch", "decoder_processes"]
+__all__ = ["DecoderLost", "decode_batch", "decoder_processes", "release_arenas"]

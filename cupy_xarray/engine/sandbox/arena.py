@@ -2,7 +2,8 @@
 
 :class:`HostArena` is a file in shared memory (``/dev/shm``) both processes map;
 :class:`DeviceArena` is device memory this process allocates and exports through CUDA IPC.
-Either is made for one batch and freed after it, so nothing is held between reads.
+The client keeps them between batches for a short while (the ``arena_linger`` option), so
+that the decoder process maps each only once.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class _DeviceAllocation:
         import cupy
 
         self.ptr = 0
+        self.device = cupy.cuda.Device().id
         rt = cupy.cuda.runtime
         for _ in range(2):
             try:
@@ -80,7 +82,8 @@ class _DeviceAllocation:
             try:
                 import cupy
 
-                cupy.cuda.runtime.free(self.ptr)  # (waits for the device: nothing may still use it)
+                with cupy.cuda.Device(self.device):  # (the thread freeing it may use another)
+                    cupy.cuda.runtime.free(self.ptr)  # (waits for the device: nothing may still use it)
             except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone
                 pass
             self.ptr = 0
