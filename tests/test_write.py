@@ -97,6 +97,16 @@ CASES = [(fmt, name) for fmt in (2, 3) for name in _chains(fmt)]
 NVCOMP_CHAINS = {"zstd-1", "zstd-3", "zstd-0", "zstd+crc32c", "lz4", "lz4+crc32c"}
 
 
+@pytest.fixture(autouse=True)
+def _nvcomp_for_small_writes(request, monkeypatch):
+    """The GPU tests write small arrays: through nvCOMP, as large writes are (a write of less
+    than ``GPU_MIN_BYTES`` is otherwise compressed on CPU threads)."""
+    if request.node.get_closest_marker("gpu") and not request.node.get_closest_marker("small_writes"):
+        from cupy_xarray.write import encoders
+
+        monkeypatch.setattr(encoders, "GPU_MIN_BYTES", 0)
+
+
 def _gpu_encoder(chain: str) -> str:
     """The encoder of GPU data: nvCOMP sharing batches with CPU threads, nvCOMP (uncompressed
     and crc32c chunks), or CPU threads."""
@@ -188,7 +198,7 @@ def test_batches_shared_between_two_encoders(tmp_path, monkeypatch, share, chain
     monkeypatch.setattr(chunks, "BATCH_BYTES", 7 * 2 * 16 * 16 * 4)  # batches of 7 chunks
     shared = []
 
-    def encoder_for(self, on_gpu, recipe, chunk_bytes):
+    def encoder_for(self, on_gpu, recipe, chunk_bytes, nbytes):
         shared.append(encoders.SharedEncoder(self.cpu, self.cpu))
         return shared[-1] if shared[-1].supports(recipe, chunk_bytes) else self.cpu
 
@@ -202,6 +212,27 @@ def test_batches_shared_between_two_encoders(tmp_path, monkeypatch, share, chain
     assert report.encoder == ("gpu+cpu" if 0 < share < 1 else "cpu") and report.batches >= 3, str(report)
     assert report.empty > 0, str(report)
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
+@pytest.mark.parametrize(
+    "chain,nbytes,want",
+    [("zstd-1", 2**20, "cpu"), ("zstd-1", 2**30, "gpu"), ("none", 2**20, "gpu"), ("blosc-lz4", 2**30, "cpu")],
+)
+def test_small_compressed_writes_of_gpu_data_go_to_cpu_threads(tmp_path, monkeypatch, chain, nbytes, want):
+    """nvCOMP's call costs about 80 ms whatever its size: a compressed write of less than
+    GPU_MIN_BYTES is faster on CPU threads (the choice alone; on a GPU machine too, below)."""
+    from cupy_xarray.write import dataset, encoders
+
+    monkeypatch.setattr(encoders, "batched_encoder", lambda algo: object())  # as if nvCOMP were here
+    monkeypatch.setitem(encoders.CPU_SHARE, "Zstd", 0.0)
+    codecs = _chains(3)[chain]
+    meta = zarr.create_array(
+        tmp_path / "a.zarr", shape=(4, 8), chunks=(2, 8), dtype="f4", compressors=codecs
+    ).metadata
+    writer = dataset._ChunkWriter(tmp_path, 4)
+    encoder = writer.encoder_for(True, encoders.recipe_of(meta), 64, nbytes)
+    assert encoder.name == want
+    assert writer.encoder_for(False, encoders.recipe_of(meta), 64, nbytes).name == "cpu"
 
 
 @pytest.mark.parametrize("scheduler", ["threads", "sync"])
@@ -664,6 +695,26 @@ def test_a_dataset_read_from_a_store_is_written_by_the_engine(tmp_path):
         loaded.cupy.to_zarr(tmp_path / "e.zarr")
     assert reports[0].arrays == ["v"]
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
+@pytest.mark.gpu
+@pytest.mark.small_writes
+def test_gpu_small_writes_compress_on_cpu_threads(tmp_path):
+    """A small zstd write of GPU data: CPU threads, zarr-python's bytes; a large one nvCOMP."""
+    ds = _dataset("f4", shape=(9, 64, 96))
+    enc = {"v": {"chunks": (2, 32, 40), "compressors": _chains(3)["zstd+crc32c"]}}
+    with record_writes() as reports:
+        ds.cupy.as_cupy().cupy.to_zarr(tmp_path / "g.zarr", encoding=enc)
+    assert reports[0].encoder == "cpu", str(reports[0])
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")
+    big = _dataset("f4", shape=(64, 1024, 1024), holes=False)  # 256 MiB
+    enc = {"v": {"chunks": (4, 512, 512), "compressors": _chains(3)["zstd-1"]}}
+    with record_writes() as reports:
+        big.cupy.as_cupy().cupy.to_zarr(tmp_path / "big.zarr", encoding=enc)
+    assert reports[0].encoder == "gpu", str(reports[0])
+    want = xr.open_dataset(tmp_path / "big.zarr", engine="zarr").load()
+    xr.testing.assert_identical(want, big)
 
 
 @pytest.mark.gpu

@@ -198,18 +198,25 @@ class _PosixSession:
         return _Pending([self._pool.submit(_pread_into, op) for op in ops])
 
 
-_posix_pools: dict[int, ThreadPoolExecutor] = {}
-_posix_lock = threading.Lock()
+_kept_pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
+_kept_lock = threading.Lock()
+
+
+def kept_pool(name: str, threads: int) -> ThreadPoolExecutor:
+    """The process's pool of ``threads`` threads for ``name`` work (``"io"``, ``"write"``,
+    ``"encode"``), kept for the process: dask tasks read and write many small pieces, and a
+    pool per call would start its threads again every time, each making its buffers and
+    streams again."""
+    with _kept_lock:
+        pool = _kept_pools.get((name, threads))
+        if pool is None:
+            pool = ThreadPoolExecutor(threads, thread_name_prefix=f"cupy-xarray-{name}")
+            _kept_pools[(name, threads)] = pool
+        return pool
 
 
 def _posix_pool(threads: int) -> ThreadPoolExecutor:
-    # one pool per thread count, kept for the process: dask tasks read many small pieces
-    # and a pool per read would start its threads again every time
-    with _posix_lock:
-        pool = _posix_pools.get(threads)
-        if pool is None:
-            pool = _posix_pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="cupy-xarray-io")
-        return pool
+    return kept_pool("io", threads)
 
 
 class PosixIO:

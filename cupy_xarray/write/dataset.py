@@ -26,7 +26,9 @@ import numpy as np
 import xarray as xr
 
 from ..device import host_copy, is_dask_array
+from ..engine.io import kept_pool
 from ..engine.notes import collecting, file
+from . import encoders
 from .chunks import WriteReport, chunk_shape, write_array
 from .encoders import CPUEncoder, GPUEncoder, Recipe, SharedEncoder, Unsupported, recipe_of
 
@@ -378,13 +380,11 @@ class _ChunkWriter:
     (every array's and dask block's write counted in it)."""
 
     def __init__(self, root: Path, threads: int, overwrite: bool = False) -> None:
-        import concurrent.futures as cf
-
         self.root = root
         self.overwrite = overwrite
         self.gpu, self.cpu = GPUEncoder(threads), CPUEncoder(threads)
         self.shared = SharedEncoder(self.gpu, self.cpu)
-        self.pool = cf.ThreadPoolExecutor(threads, thread_name_prefix="cupy_xarray-write")
+        self.pool = kept_pool("write", threads)
         self.report = WriteReport()
         self._lock = threading.Lock()
 
@@ -394,18 +394,20 @@ class _ChunkWriter:
         """Write the chunks ``data`` covers (from chunk ``origin`` on) from where it lies."""
         xp = _xp(data)
         chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
-        encoder = self.encoder_for(xp is not np, recipe, chunk_bytes)
+        encoder = self.encoder_for(xp is not np, recipe, chunk_bytes, int(data.nbytes))
         part = WriteReport(arrays=[name])  # its path in the store
         where = self.root / name
         write_array(where, meta, recipe, data, xp, encoder, self.pool, part, origin, self.overwrite)
         with self._lock:
             self.report.add(part)
 
-    def encoder_for(self, on_gpu: bool, recipe: Recipe, chunk_bytes: int) -> Any:
+    def encoder_for(self, on_gpu: bool, recipe: Recipe, chunk_bytes: int, nbytes: int) -> Any:
         """Data on the host: CPU threads; on the GPU: nvCOMP and CPU threads sharing the
         batches, nvCOMP alone, or CPU threads, the first that supports the chain (CPU threads
-        where the chain's share of them, ``encoders.CPU_SHARE``, is 1)."""
-        if on_gpu and SharedEncoder.share(recipe) < 1:
+        where the chain's share of them, ``encoders.CPU_SHARE``, is 1, and for a compressed
+        write of fewer than ``encoders.GPU_MIN_BYTES``, ``nbytes``: faster than one nvCOMP call)."""
+        small = recipe.compressed and nbytes < encoders.GPU_MIN_BYTES
+        if on_gpu and SharedEncoder.share(recipe) < 1 and not small:
             for choice in (self.shared, self.gpu):
                 if choice.supports(recipe, chunk_bytes):
                     return choice
@@ -414,7 +416,6 @@ class _ChunkWriter:
     def close(self) -> None:
         self.cpu.close()
         self.gpu.close()
-        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _threads_of_this_process() -> bool:
