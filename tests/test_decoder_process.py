@@ -309,3 +309,50 @@ def test_decoded_bytes_held_by_the_caller_are_not_overwritten(options):
         assert [o.tobytes() for o in second] == other_data
     assert [o.tobytes() for o in first] == data
     del first, owner
+
+
+# -- batches that overlap: one decoding in the background while the one before is placed ------
+
+
+@pytest.mark.parametrize("name", ["zstd", "gzip"])
+def test_overlapped_batches_read_what_zarr_reads_and_survive_a_lost_process(
+    tmp_path, options, monkeypatch, name
+):
+    from cupy_xarray.engine import execute
+
+    monkeypatch.setattr(execute, "OVERLAP_STREAMS", 2)  # 16 chunks: batches of 2, overlapped
+    options(decoder_process="on", decoder_timeout=1.0, decoder_min_wait=0.5)
+    path, arr = _store(tmp_path, name)
+    spec, dev = array_spec(arr, name="v"), resolve_device("cpu")
+    procs = decoder_processes("host")
+    sel = (slice(None), slice(3, 61), slice(None))
+    batches = procs.batches
+    with record_reads() as reports:
+        (got,) = read_arrays([(spec, sel)], dev, scheduler=Scheduler(force="batch"))
+    np.testing.assert_array_equal(got, arr[sel])
+    (report,) = reports
+    assert report.batches >= 4 and procs.batches >= batches + 4, str(report)
+    assert "decode wait" in report.phases, str(report)  # decoded in the background
+    for fault in ("die", "stall"):  # one batch in flight lost: decoded again on CPU threads
+        lost = procs.lost
+        procs.fail_next(fault)
+        with record_reads() as reports:
+            (got,) = read_arrays([(spec, sel)], dev, scheduler=Scheduler(force="batch"))
+        np.testing.assert_array_equal(got, arr[sel])
+        assert procs.lost == lost + 1
+        assert any("decoded again on CPU threads" in n for n in reports[0].notes), str(reports[0])
+
+
+def test_a_damaged_chunk_in_overlapped_batches_is_named(tmp_path, options, monkeypatch):
+    from cupy_xarray.engine import execute
+
+    monkeypatch.setattr(execute, "OVERLAP_STREAMS", 2)
+    options(decoder_process="on")
+    path, arr = _store(tmp_path, "zstd")
+    victim = path / "v" / "c" / "3" / "1" / "0"  # in the last batches
+    raw = bytearray(victim.read_bytes())
+    raw[0] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    spec = array_spec(arr, name="v")
+    with pytest.raises(ChunkError, match=r"c/3/1/0"):
+        read_arrays([(spec, (slice(None),) * 3)], resolve_device("cpu"), scheduler=Scheduler(force="batch"))
