@@ -75,14 +75,14 @@ def _cost(t: ChunkTask) -> int:
     return t.spec.recipe.nbytes
 
 
-def batches(tasks: list[ChunkTask], batch_bytes: int, most: int | None = None) -> list[list[ChunkTask]]:
+def batches(tasks: list[ChunkTask], batch_bytes: int) -> list[list[ChunkTask]]:
     """Split tasks into batches of about equal size, each at most about ``batch_bytes``.
 
     Equal sizes matter because nvCOMP's throughput grows with the streams per call: a
     4 GiB read in batches of 1 + 1 + 1 + 0.1 GiB ends on a slow call.
     """
     costs = [_cost(t) for t in tasks]
-    most = min(most or max_ops(), max_ops())
+    most = max_ops()
     total = sum(costs)
     count = max(1, -(-total // max(batch_bytes, 1)), -(-len(tasks) // most))
     limit = total / count

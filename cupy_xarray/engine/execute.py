@@ -111,64 +111,6 @@ def _finish(groups: list[Group], read: Read, geometry: dict) -> None:
         group.release()
 
 
-#: streams per decoder-process batch where a read's batches overlap (:func:`_overlaps`): a read
-#: of 1,024 zstd frames of 4 MiB is cut into four batches of 256, each decoded while the next
-#: ones are read (on an H200, nvCOMP took 85 ms for the 1,024 frames in one call, 110 ms in
-#: four calls of 256 in flight at once, 300 ms in four calls one after another)
-OVERLAP_STREAMS = 256
-
-
-def _overlaps(batched: list[ChunkTask], plan: Any) -> bool:
-    """Whether the read's batches decode in the background, each while the batch before it is
-    placed and the next one read: every compressed chunk goes to the decoder process (whose
-    batches from several threads are in flight at once), none through Blosc's layout work."""
-    coded = [t for t in batched if t.direct is None and t.spec.recipe.bytes_codecs]
-    if len(coded) < 2 * OVERLAP_STREAMS or len(coded) < len([t for t in batched if t.direct is None]):
-        return False
-    return all(
-        plan.isolated.get(id(t.spec.recipe), False)
-        and not any(c.startswith("blosc-") for c in t.spec.recipe.bytes_codecs)
-        for t in coded
-    )
-
-
-def _decode_in_background(groups: list[Group], read: Read) -> Any:
-    """Decode a batch's groups on a thread of their own (with this read's settings, on the
-    current CUDA stream, with a clock of their own); a future of their clock."""
-    from ..options import carried
-    from .io import kept_pool
-    from .read import Clock
-
-    device = read.device
-    stream = device.xp.cuda.get_current_stream() if device.name == "gpu" else contextlib.nullcontext()
-
-    def run() -> Clock:
-        clock = Clock(device, read.clock.exact)
-        with stream:
-            for group in groups:
-                t0 = time.perf_counter()
-                decode_group(group, device, clock)
-                clock.groups[id(group.recipe)] += time.perf_counter() - t0
-        return clock
-
-    return kept_pool("decode", 2).submit(carried(run))
-
-
-def _place_decoded(groups: list[Group], future: Any, read: Read, geometry: dict) -> None:
-    """Wait for a batch decoded in the background, count its time, and place it."""
-    clock = read.clock
-    done = future.result()
-    clock.lap("decode wait")
-    for phase, s in done.stats.items():
-        clock.stats[f"{phase} (overlapped)"] += s
-    for k, s in done.groups.items():
-        clock.groups[k] += s
-    for group in groups:
-        place_group(group, read.outs, read.device, geometry)
-        group.release()
-    clock.lap("scatter")
-
-
 def _free_for_batches(read: Read, tasks: list[ChunkTask]) -> int | None:
     """Device memory free beyond the outputs, for a large GPU read nvCOMP may decode (asking
     the driver costs every read: small ones keep their fixed batch size)."""
@@ -185,44 +127,6 @@ def _free_for_batches(read: Read, tasks: list[ChunkTask]) -> int | None:
     return device.free_bytes()
 
 
-def _run_overlapped(batches, pending, depth, submit, groups_of, grouped, read: Read, geometry: dict) -> None:
-    """The batches of a read whose decodes overlap (:func:`_overlaps`): batch ``b`` starts
-    decoding in the background once read, then batch ``b - 1`` is placed; so two batches are
-    in the decoder process at once while the next one is read."""
-    device, clock = read.device, read.clock
-    last = None  # (b, groups, future) decoding in the background
-    try:
-        for b in range(len(batches)):
-            if b + depth - 1 < len(batches):
-                pending.append(submit(b + depth - 1))
-            clock.lap("submit")
-            pending.pop(0).wait()
-            clock.lap("io wait")
-            groups = groups_of(b)
-            future = _decode_in_background(groups, read)
-            if last is not None:
-                done, last = last, None
-                _place_decoded(done[1], done[2], read, geometry)
-                device.synchronize()  # its staging and arena are reused next
-                grouped.pop(done[0], None)
-                clock.lap("sync")
-                read.advance(batches[done[0]])
-            last = (b, groups, future)
-        if last is not None:
-            done, last = last, None
-            _place_decoded(done[1], done[2], read, geometry)
-            device.synchronize()
-            grouped.pop(done[0], None)
-            clock.lap("sync")
-            read.advance(batches[done[0]])
-    finally:
-        if last is not None:  # an error: the decode in flight ends before its buffers go
-            try:
-                last[2].result()
-            except BaseException:  # noqa: BLE001 - the first error is the one reported
-                pass
-
-
 def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = True) -> None:
     """Read, decode and place located tasks into the read's outputs. ``assemble``: a small GPU
     read may be assembled in pinned host memory (:func:`.place.host_twins`); ``streamed``:
@@ -235,13 +139,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
     batched, on_host = plan.batched, plan.on_host
     plan_boxes(batched, outs)
     depth = cut.depth(batched, clock.crowded, options)
-    overlap = _overlaps(batched, plan) and not streamed
-    if overlap:  # a batch placed, one decoding, one read: three in memory
-        coded = sum(1 for t in batched if t.direct is None)
-        most = -(-len(batched) // (coded // OVERLAP_STREAMS))
-        batches: list = cut.batches(batched, limit * 2 // (depth + 1), most)
-    else:
-        batches = cut.batches(batched, limit * 2 // depth) if batched else []
+    batches: list = cut.batches(batched, limit * 2 // depth) if batched else []
     slots: list = [cut.slots(b) for b in batches]
     size = cut.staging_bytes(slots)
     if streamed:
@@ -282,9 +180,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                     pending.append(submit(k))
                 ahead: dict = {}  # the next batch's checks, started while this one decodes
                 geometry: dict = {}  # per output: its pieces' box copies (Boxes)
-                if overlap:
-                    _run_overlapped(batches, pending, depth, submit, groups_of, grouped, read, geometry)
-                for b in range(0 if not overlap else len(batches), len(batches)):
+                for b in range(len(batches)):
                     if b + depth - 1 < len(batches):
                         pending.append(submit(b + depth - 1))
                     clock.lap("submit")
