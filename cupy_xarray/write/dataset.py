@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import os
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,9 @@ def _placeholder(var: xr.Variable, encoding: dict | None) -> xr.Variable:
     own = dict(encoding if encoding is not None else var.encoding)
     if not own.get("chunks"):
         own["chunks"] = auto_chunks(var.shape, var.dtype.itemsize)
-    out = var.copy(deep=False, data=da.empty(var.shape, dtype=var.dtype, chunks=-1))
+    # (named: dask would hash the arguments for a name, a millisecond per variable)
+    name = f"cupy-xarray-placeholder-{uuid.uuid4().hex}"
+    out = var.copy(deep=False, data=da.empty(var.shape, dtype=var.dtype, chunks=-1, name=name))
     out.encoding = own
     return out
 
@@ -368,6 +371,8 @@ def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool,
         done = dask.delayed(_close, pure=False)(writer, *later, *tasks)
     else:
         writer.close()
+        if not later and compute:
+            return _opened(root, kwargs)
         done = dask.delayed(_close, pure=False)(None, *later)
     if not compute:
         return done
