@@ -277,6 +277,9 @@ def write_array(
                     _finish(*last, meta, origin, nbytes, files, report)
                     last = None
                 if xp is not np:
+                    from ..engine.sandbox import release_arenas
+
+                    release_arenas()  # the decoder process's idle memory, for a write after a read
                     xp.get_default_memory_pool().free_all_blocks()
                 smaller = max(1, len(batch) // 2)
                 report.notes.append(f"memory ran short: batches of {smaller} chunks from chunk {first}")

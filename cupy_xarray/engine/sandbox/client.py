@@ -245,10 +245,12 @@ class _ArenaPool:
     """Arenas kept between batches, so that the decoder process maps each only once (mapping
     an arena it has not seen costs about 8 ms per GiB on an H200). One batch uses an arena at
     a time; a free arena is freed once none has been taken for ``arena_linger`` seconds (an
-    option), by a watcher thread, or at once where that is 0, or where memory runs short."""
+    option), by a watcher thread, or at once where that is 0, where keeping it would hold
+    more than a quarter of the device memory otherwise free (memory others may want: cupy's
+    pool does not know of it), or where a read runs short of memory."""
 
     #: free arenas kept at most
-    KEEP = 4
+    KEEP = 2
 
     def __init__(self, procs: DecoderProcesses, on_device: bool) -> None:
         self.procs, self.on_device = procs, on_device
@@ -279,7 +281,7 @@ class _ArenaPool:
 
     def give(self, arena: Any) -> None:
         linger = get_options().arena_linger
-        if linger <= 0:
+        if linger <= 0 or (self.on_device and not self._room_for(arena)):
             self._free_one(arena)
             return
         event = None
@@ -298,6 +300,16 @@ class _ArenaPool:
                 self._watcher.start()
         for a, _ in gone:
             self._free_one(a)
+
+    def _room_for(self, arena: Any) -> bool:
+        """Whether keeping ``arena`` (and the free ones) leaves three quarters of the memory
+        that would otherwise be free."""
+        import cupy
+
+        with self._lock:
+            kept = arena.nbytes + sum(a.nbytes for a, _ in self._free)
+        free = cupy.cuda.runtime.memGetInfo()[0]
+        return kept <= (free + kept) // 4
 
     def release(self) -> None:
         """Free every arena no batch uses."""
