@@ -222,7 +222,8 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
     arena_linger
         Seconds the device memory the decoder process decodes in (mapped once by it: 8 ms
         per GiB on an H200) is kept for the next read once no read uses it (default 2; 0:
-        freed after each batch; ``CUPY_XARRAY_ARENA_LINGER``).
+        freed after each batch; ``CUPY_XARRAY_ARENA_LINGER``); never more than a quarter of
+        the device memory that would otherwise be free.
     max_chunk_bytes
         Largest chunk a store's metadata may ask for (``CUPY_XARRAY_MAX_CHUNK_BYTES``).
     remote_timeout, remote_retries, remote_concurrency, remote_backoff, remote_backoff_max
