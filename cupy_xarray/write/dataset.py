@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import os
 import threading
 import uuid
@@ -156,6 +157,14 @@ def _kind(root: Path | None, kwargs: dict) -> str | None:
     return None
 
 
+#: open_dataset's argument that leaves the indexes unloaded, where this xarray has it
+_NO_INDEXES = (
+    {"create_default_indexes": False}
+    if "create_default_indexes" in inspect.signature(xr.open_dataset).parameters
+    else {}
+)
+
+
 def _origins(root: Path, ds: xr.Dataset, names: list, kind: str, kwargs: dict) -> dict | None:
     """Where each variable's data begins in its zarr array, in chunks (None: at the start),
     for the variables whose data begins and ends on chunk boundaries (or the array's end);
@@ -166,8 +175,12 @@ def _origins(root: Path, ds: xr.Dataset, names: list, kind: str, kwargs: dict) -
 
     try:
         group = zarr.open_group(str(root), mode="r")
-        # the arrays' own metadata (a consolidated copy may be stale; not having one warns)
-        existing = xr.open_dataset(root, engine="zarr", chunks=None, consolidated=False)
+        # the arrays' own metadata (a consolidated copy may be stale; not having one warns),
+        # of the variables written only, no index loaded
+        others = [k for k in group.array_keys() if k not in names]
+        existing = xr.open_dataset(
+            root, engine="zarr", chunks=None, consolidated=False, drop_variables=others, **_NO_INDEXES
+        )
     except Exception:  # noqa: BLE001 - no store there yet: xarray says what is wrong
         return None
     origins = {}
