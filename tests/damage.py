@@ -20,7 +20,9 @@ Outcomes of a case (:func:`run_case`):
 Run as a script, it runs cases in child processes for the GPU: a child reads case after
 case and checks after each one that its GPU still computes; a child that dies or stops
 answering is recorded as ``crash`` or ``hang`` for the case it was on, and a new child
-takes the next case (``python tests/damage.py --device gpu --cases 1000``).
+takes the next case (``python tests/damage.py --device gpu --cases 1000``; ``--route batch``
+reads every case as a large read is read: nvCOMP and the decoder process where the settings
+send a codec there, which the campaign's small stores otherwise never reach).
 """
 
 from __future__ import annotations
@@ -258,8 +260,17 @@ def gpu_alive() -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
+def _scheduler(route: str):
+    """The scheduler of a campaign's reads: the engine's own choice (``"auto"``: the campaign's
+    small stores take the host route), or every chunk on the batch route (``"batch"``: what a
+    large read does, nvCOMP and the decoder process where the settings send a codec there)."""
+    from cupy_xarray.engine import Scheduler
+
+    return None if route == "auto" else Scheduler(force=route)
+
+
 def _child(args) -> None:
-    runner = Runner(tempfile.mkdtemp(prefix="damage-"), args.device)
+    runner = Runner(tempfile.mkdtemp(prefix="damage-"), args.device, _scheduler(args.route))
     todo = cases(args.cases, args.seed)[args.start :]
     canary = kept = None
     if args.device == "gpu":  # GPU data of the reading process's own: must survive every case
@@ -284,10 +295,17 @@ def _child(args) -> None:
 
 
 def campaign(
-    count: int, seed: int, device: str, timeout: float = 60.0, log=None, deadline: float | None = None
+    count: int,
+    seed: int,
+    device: str,
+    timeout: float = 60.0,
+    log=None,
+    deadline: float | None = None,
+    route: str = "auto",
 ) -> list[dict]:
     """Run ``count`` cases in child processes; one result per case, in order. ``log``: a file
-    that gets every case that is not OK as it happens, and the children's stderr."""
+    that gets every case that is not OK as it happens, and the children's stderr; ``route``:
+    see :func:`_scheduler`."""
     import select
 
     results: dict[int, dict] = {}
@@ -304,7 +322,7 @@ def campaign(
     ends = None if deadline is None else time.monotonic() + deadline
     while start < count and (ends is None or time.monotonic() < ends):
         cmd = [sys.executable, "-W", "ignore", os.path.abspath(__file__), "--child", "--device", device]
-        cmd += ["--cases", str(count), "--seed", str(seed), "--start", str(start)]
+        cmd += ["--cases", str(count), "--seed", str(seed), "--start", str(start), "--route", route]
         err = log if log is not None else subprocess.DEVNULL
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
         fd = proc.stdout.fileno()
@@ -380,15 +398,23 @@ def main() -> None:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--log", help="append failures (as they happen) and the children's stderr here")
     p.add_argument("--deadline", type=float, help="start no case after this many seconds; report those done")
+    p.add_argument(
+        "--route",
+        choices=["auto", "batch", "host"],
+        default="auto",
+        help="batch: every read as a large one (nvCOMP and the decoder process where the settings say)",
+    )
     args = p.parse_args()
     if args.child:
         _child(args)
         return
     t0 = time.perf_counter()
     log = open(args.log, "a") if args.log else None
-    results = campaign(args.cases, args.seed, args.device, args.timeout, log, args.deadline)
+    results = campaign(args.cases, args.seed, args.device, args.timeout, log, args.deadline, args.route)
     report = summary(results, cases(args.cases, args.seed))
-    report.update(device=args.device, seed=args.seed, seconds=round(time.perf_counter() - t0, 1))
+    report.update(
+        device=args.device, route=args.route, seed=args.seed, seconds=round(time.perf_counter() - t0, 1)
+    )
     print(json.dumps({k: v for k, v in report.items() if k != "failures"}))
     for line in report["failures"]:
         print("FAIL", line)

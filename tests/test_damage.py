@@ -56,6 +56,20 @@ def test_damage_campaign_cpu(tmp_path, route):
     assert report["counts"].get("error", 0) > 0 and report["counts"].get("same", 0) > 0
 
 
+def test_the_campaign_script_reads_as_a_large_read_does(tmp_path):
+    """``--route batch``: the children read every case on the batch route (on a GPU the
+    default's route for large reads, nvCOMP in the decoder process); here with the decoder
+    process on CPU decoders."""
+    out = tmp_path / "campaign.json"
+    cmd = [sys.executable, os.path.join(HERE, "damage.py"), "--device", "cpu", "--route", "batch"]
+    cmd += ["--cases", "40", "--json", str(out)]
+    env = dict(os.environ, CUPY_XARRAY_DECODER_PROCESS="on")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    report = json.loads(out.read_text())["report"]
+    assert proc.returncode == 0 and not report["failures"], proc.stdout[-2000:]
+    assert report["route"] == "batch" and report["cases"] == 40
+
+
 @pytest.mark.gpu
 def test_damage_campaign_gpu(tmp_path):
     """Child processes, each checking after every case that its GPU still computes: no case may
