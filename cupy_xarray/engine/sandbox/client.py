@@ -219,7 +219,10 @@ class DecoderProcesses:
             worker.forget(arena_id)
 
     def close(self) -> None:
-        self.arenas.release()
+        try:
+            self.arenas.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit the device may be gone already
+            pass
         with self._lock:
             for w in (self._current, self._spare):
                 if w is not None:
