@@ -178,22 +178,23 @@ def _origins(root: Path, ds: xr.Dataset, names: list, kind: str, kwargs: dict) -
         # the arrays' own metadata (a consolidated copy may be stale; not having one warns),
         # of the variables written only, no index loaded
         others = [k for k in group.array_keys() if k not in names]
-        existing = xr.open_dataset(
+        with xr.open_dataset(
             root, engine="zarr", chunks=None, consolidated=False, drop_variables=others, **_NO_INDEXES
-        )
+        ) as existing:
+            stored = {n: existing[n].encoding for n in names if n in existing.variables}
     except Exception:  # noqa: BLE001 - no store there yet: xarray says what is wrong
         return None
     origins = {}
     for name in names:
         var, dims = ds[name].variable, ds[name].dims
-        if name not in existing.variables or name not in group:
+        if name not in stored or name not in group:
             continue  # a new variable: xarray writes it
         arr = group[name]
         chunks, shape = chunk_shape(arr.metadata), arr.shape
         # xarray encodes the new values with the stored variable's encoding
-        if len(chunks) != len(dims) or _transforms(var, existing[name].encoding):
+        if len(chunks) != len(dims) or _transforms(var, stored[name]):
             continue
-        if np.dtype(existing[name].encoding.get("dtype", var.dtype)) != var.dtype:
+        if np.dtype(stored[name].get("dtype", var.dtype)) != var.dtype:
             continue
         try:
             recipe_of(arr.metadata)
@@ -219,7 +220,6 @@ def _origins(root: Path, ds: xr.Dataset, names: list, kind: str, kwargs: dict) -
             starts.append(start // chunks[a])
         else:
             origins[name] = tuple(starts)
-    existing.close()
     return origins
 
 
@@ -352,25 +352,21 @@ def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool,
     writer = _ChunkWriter(root, _threads(), overwrite=kind != "new")
     file(_recorders, writer.report)
     tasks = []
-    try:
-        for node in nodes:
-            for name in node.fast + node.blocks:
-                data = node.ds[name].variable._data
-                meta = _meta(root, node.key(name))
-                try:
-                    recipe = recipe_of(meta)
-                except Unsupported:
-                    node.lazy.append(name)  # another codec chain: zarr-python encodes it, below
-                    continue
-                if name in node.fast:
-                    writer.write(node.key(name), data, meta, recipe, node.origins[name])
-                elif _aligned(data.chunks, chunk_shape(meta)):
-                    tasks += _block_writes(writer, node.key(name), data, meta, recipe, node.origins[name])
-                else:
-                    node.lazy.append(name)  # dask chunks across zarr chunks: xarray's checks and write
-    except BaseException:
-        writer.close()
-        raise
+    for node in nodes:
+        for name in node.fast + node.blocks:
+            data = node.ds[name].variable._data
+            meta = _meta(root, node.key(name))
+            try:
+                recipe = recipe_of(meta)
+            except Unsupported:
+                node.lazy.append(name)  # another codec chain: zarr-python encodes it, below
+                continue
+            if name in node.fast:
+                writer.write(node.key(name), data, meta, recipe, node.origins[name])
+            elif _aligned(data.chunks, chunk_shape(meta)):
+                tasks += _block_writes(writer, node.key(name), data, meta, recipe, node.origins[name])
+            else:
+                node.lazy.append(name)  # dask chunks across zarr chunks: xarray's checks and write
     import dask
 
     later = []
@@ -380,13 +376,9 @@ def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool,
             part = xr.Dataset({n: _host(node.ds.variables[n]) for n in node.lazy})
             group = {"group": node.path} if node.path else {}
             later.append(part.to_zarr(store, mode="r+", compute=False, consolidated=False, **group, **sub))
-    if tasks:  # the file threads stay until the dask blocks are written
-        done = dask.delayed(_close, pure=False)(writer, *later, *tasks)
-    else:
-        writer.close()
-        if not later and compute:
-            return _opened(root, kwargs)
-        done = dask.delayed(_close, pure=False)(None, *later)
+    if not tasks and not later and compute:
+        return _opened(root, kwargs)
+    done = dask.delayed(_joined, pure=False)(*later, *tasks)
     if not compute:
         return done
     done.compute()
@@ -431,10 +423,6 @@ class _ChunkWriter:
                     return choice
         return self.cpu
 
-    def close(self) -> None:
-        self.cpu.close()
-        self.gpu.close()
-
 
 def _threads_of_this_process() -> bool:
     """Whether dask runs tasks on threads of this process (its threaded or synchronous
@@ -471,9 +459,8 @@ def _block_writes(
     return tasks
 
 
-def _close(writer: _ChunkWriter | None, *done: Any) -> None:
-    if writer is not None:
-        writer.close()
+def _joined(*done: Any) -> None:
+    """One task that waits for the write's tasks (what ``compute=False`` returns)."""
 
 
 def _opened(root: Path, kwargs: dict) -> Any:

@@ -165,9 +165,6 @@ class CPUEncoder:
     def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int, recipe: Recipe) -> int:
         return max(1, host_bytes // max(stride, 1))
 
-    def close(self) -> None:
-        pass
-
     def _codec(self, recipe: Recipe) -> Any:
         import numcodecs
 
@@ -269,9 +266,6 @@ class GPUEncoder:
             per_chunk += enc.slot(enc.max_output(chunk_bytes)) + -(-enc.temp_bytes(64, chunk_bytes) // 64)
         fit = int(get_options().memory_share * free) // (3 * per_chunk)
         return max(1, min(GPU_BATCH_CHUNKS, fit))
-
-    def close(self) -> None:
-        pass
 
     def start(self, recipe: Recipe, buf: Any, nbytes: int, empty: Any) -> Pending:
         """Queue the batch on the current stream: nvCOMP's call, the crc32c of each chunk's
@@ -399,9 +393,6 @@ class SharedEncoder:
 
     def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int, recipe: Recipe) -> int:
         return self.gpu.batch_chunks(chunk_bytes, stride, host_bytes, recipe)
-
-    def close(self) -> None:
-        pass
 
     def start(self, recipe: Recipe, buf: Any, nbytes: int, empty: Any) -> Pending:
         n = buf.shape[0]

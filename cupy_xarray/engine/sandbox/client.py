@@ -392,8 +392,9 @@ def decode_batch(
 ) -> tuple[list[Any], Any]:
     """Decode bare streams of ``kind`` in the decoder process: copied into an arena, decoded
     there, checked (status and exact size per stream), and copied into ``into[i]`` where
-    given, else into slots of one new buffer. Returns (outputs, the buffer that holds them).
-    Several threads may each have a batch in flight.
+    given (the others into slots of one new buffer), else left where they landed. Returns
+    (outputs, what keeps them: the new buffer, or the lease of the arena they lie in, which
+    goes back to its pool with the owner). Several threads may each have a batch in flight.
 
     Raises DecodeFailure naming the first stream that does not decode to its size, and
     DecoderLost where the process died or stalled (it is replaced; decode the batch again
