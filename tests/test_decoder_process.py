@@ -309,3 +309,37 @@ def test_decoded_bytes_held_by_the_caller_are_not_overwritten(options):
         assert [o.tobytes() for o in second] == other_data
     assert [o.tobytes() for o in first] == data
     del first, owner
+
+
+@pytest.mark.gpu
+def test_an_arena_is_filled_in_one_launch_at_any_alignment():
+    """The streams copied into an arena (one kernel for the batch) land at their offsets,
+    whole and nothing beside them: aligned and unaligned ends, empty and long ranges."""
+    import cupy
+
+    from cupy_xarray.engine.sandbox.arena import DeviceArena
+
+    rng = np.random.default_rng(5)
+    src = cupy.asarray(rng.integers(0, 256, 3_000_000, dtype=np.uint8))
+    starts = rng.integers(0, 1_900_000, 300)
+    starts[::2] &= ~15
+    lens = rng.integers(0, 70_000, 300)
+    lens[:4] = [0, 1, 1_000_000, 17]
+    offs, pos = [], 0
+    for k, n in enumerate(lens.tolist()):
+        pos += int(rng.integers(0, 40))
+        pos = -(-pos // 16) * 16 if k % 3 else pos  # two in three start 16-aligned
+        offs.append(pos)
+        pos += n
+    offs = np.array(offs)
+    arena = DeviceArena(int((offs + lens).max()) + 64)
+    arena.array[:] = 0xAB
+    arena.fill([src[s : s + n] for s, n in zip(starts, lens)], offs)
+    got = arena.array.get()
+    expected = np.full(arena.nbytes, 0xAB, dtype=np.uint8)
+    host_src = src.get()
+    for s, n, o in zip(starts, lens, offs):
+        expected[o : o + n] = host_src[s : s + n]
+    np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ValueError, match="past the end"):
+        arena.fill([src[:100]], np.array([arena.nbytes - 50]))

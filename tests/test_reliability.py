@@ -638,3 +638,60 @@ def test_host_route_checks_framing_in_the_decoder_and_names_what_a_failed_decode
     assert walked == [codec]
     if codec == "zstd":  # the walk's words, not only the library's
         assert "runs past the end of the stored stream" in str(info.value)
+
+
+def _fake_start(seen, bad=None, together=None):
+    """A session's ``_start``: each op's item, a finished read (``bad``: the op that fails;
+    ``together``: a barrier every part waits at, which only parts running at once pass)."""
+    from concurrent.futures import Future
+
+    def start(ops):
+        seen.append((threading.current_thread(), list(ops)))
+        if together is not None:
+            together.wait()
+        items = []
+        for op in ops:
+            if op == bad:
+                raise RuntimeError(f"cannot open {op}")
+            done: Future = Future()
+            done.set_result(None)
+            items.append((None, done, op))
+        return items
+
+    return start
+
+
+def test_many_reads_are_started_from_several_threads_in_order(monkeypatch):
+    """A batch of many files is opened and started by several threads at once (each file's
+    open and kvikio start run mostly outside the interpreter); the items keep the batch's
+    order, so that the first failing read is the one reported. Few reads stay on one thread."""
+    from cupy_xarray.engine import io
+
+    monkeypatch.setattr(io, "SUBMIT_SHARE", 8)
+    seen: list = []
+    ops = list(range(100))
+    together = threading.Barrier(io.SUBMITTERS, timeout=10)
+    items = io.started_in_parts(_fake_start(seen, together=together), ops)
+    assert [op for _, _, op in items] == ops
+    assert len(seen) == io.SUBMITTERS and len({t for t, _ in seen}) == io.SUBMITTERS
+    assert dict(seen)[threading.current_thread()] == ops[:25]  # the calling thread takes a part
+    assert sorted(op for _, part in seen for op in part) == ops
+    seen.clear()
+    assert [op for _, _, op in io.started_in_parts(_fake_start(seen), ops[:15])] == ops[:15]
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize("bad", [3, 97])
+def test_a_read_that_cannot_start_fails_the_batch_after_the_others_settle(monkeypatch, bad):
+    """Where one part cannot start a read (its first or a later part), its error is raised,
+    once every other part has started and its reads have been waited for."""
+    from cupy_xarray.engine import io
+
+    monkeypatch.setattr(io, "SUBMIT_SHARE", 8)
+    waited: list = []
+    monkeypatch.setattr(io._KvikioPending, "wait_quietly", lambda self: waited.append(len(self._items)))
+    seen: list = []
+    with pytest.raises(RuntimeError, match=f"cannot open {bad}"):
+        io.started_in_parts(_fake_start(seen, bad), list(range(100)))
+    assert len(seen) == io.SUBMITTERS
+    assert waited == [75]  # the three parts that started all of theirs

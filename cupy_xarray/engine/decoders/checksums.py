@@ -226,6 +226,12 @@ def crc_start(kind: str, d_ptrs: Any, d_lens: Any, count: int, lens: Any) -> Any
     return out
 
 
+#: the LZ4 walk kernel: ``"warps"`` (a warp per block, reading it through shared memory) or
+#: ``"threads"`` (a thread per block)
+LZ4_WALK = "warps"
+_LZ4_WARPS = 4  # LZ4_WARPS of the kernel source
+
+
 def lz4_check(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> np.ndarray:
     """:func:`lz4_walk_host` of LZ4 blocks on the device (addresses, stored and decoded
     lengths): one status per block on the host, 0 where the block is sound."""
@@ -251,7 +257,10 @@ def lz4_check_start(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> Any
         status,
         np.int32(count),
     )
-    _kernel("lz4_walk")(((count + 127) // 128,), (128,), args)
+    if LZ4_WALK == "warps":
+        _kernel("lz4_walk_warps")(((count + _LZ4_WARPS - 1) // _LZ4_WARPS,), (32 * _LZ4_WARPS,), args)
+    else:
+        _kernel("lz4_walk")(((count + 127) // 128,), (128,), args)
     return status
 
 

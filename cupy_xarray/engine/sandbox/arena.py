@@ -120,6 +120,30 @@ class DeviceArena:
     def view(self, offset: int, nbytes: int) -> Any:
         return self.array[offset : offset + nbytes]
 
+    def fill(self, srcs: list[Any], offsets: np.ndarray) -> None:
+        """Copy the device buffers ``srcs`` (1-D, contiguous) to ``offsets`` of the arena, in
+        one launch on the current stream."""
+        import cupy
+
+        from ..decoders.kernels import function
+
+        count = len(srcs)
+        if not count:
+            return
+        lens = np.array([s.nbytes for s in srcs], dtype=np.int64)
+        ptrs = np.array([s.data.ptr for s in srcs], dtype=np.uint64)
+        if int(np.max(np.asarray(offsets) + lens)) > self.nbytes:
+            raise ValueError("ranges run past the end of the arena")
+        across = max(1, min(64, -(-int(lens.max()) // (16 * 256))))
+        args = (
+            self.array,
+            cupy.asarray(np.asarray(offsets, dtype=np.int64)),
+            cupy.asarray(ptrs),
+            cupy.asarray(lens),
+            np.int32(count),
+        )
+        function("arena", "copy_ranges")((across, min(count, 65535)), (256,), args)
+
     def close(self) -> None:
         self.array = self._alloc = None
 

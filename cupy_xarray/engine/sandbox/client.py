@@ -448,11 +448,8 @@ def _fill(arena: Any, srcs: list[Any], offsets: np.ndarray, on_device: bool) -> 
         return
     import cupy
 
-    rt = cupy.cuda.runtime
-    stream = cupy.cuda.get_current_stream()
-    for s, off in zip(srcs, offsets.tolist()):
-        rt.memcpyAsync(arena.ptr + off, s.data.ptr, len(s), rt.memcpyDeviceToDevice, stream.ptr)
-    stream.synchronize()  # the decoder process reads them next
+    arena.fill(srcs, offsets)
+    cupy.cuda.get_current_stream().synchronize()  # the decoder process reads them next
 
 
 def _drain(arena: Any, offsets: np.ndarray, caps: np.ndarray, into, on_device: bool, n: int):

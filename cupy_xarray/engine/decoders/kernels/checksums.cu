@@ -282,3 +282,88 @@ extern "C" __global__ void lz4_walk(const unsigned long long* ptrs, const long l
   }
   status[i] = bad;
 }
+
+/* The same walk, one warp per stream: the warp reads a window of the stream into shared
+   memory with 16-byte loads, and every lane walks the same sequences in it (the same values,
+   so the lanes never diverge), the window read again where the walk leaves it. A thread's
+   chain of dependent reads from device memory is what bounds the walk; here each read of the
+   chain is one of shared memory, and the streams spread over every multiprocessor. */
+#define LZ4_WARPS 4
+#define LZ4_WINDOW 2048
+
+struct Lz4Window {
+  const unsigned char* p;
+  long long n, lo, hi;   /* the window holds p[lo, hi) */
+  unsigned char* bytes;  /* LZ4_WINDOW + 16 bytes of shared memory */
+  int lane;
+
+  __device__ unsigned int at(long long q) {
+    if (q < lo || q >= hi) {
+      __syncwarp();  /* every lane is done with the window before it is read again */
+      unsigned long long start = (unsigned long long)(p + q) & ~15ull;
+      const uint4* words = (const uint4*)start;
+      /* only words that hold a byte of the stream: none past its allocation */
+      long long count = ((long long)((unsigned long long)(p + n) - start) + 15) >> 4;
+      if (count > LZ4_WINDOW / 16) count = LZ4_WINDOW / 16;
+      for (int k = lane; k < count; k += 32) ((uint4*)bytes)[k] = words[k];
+      __syncwarp();
+      lo = (long long)(start - (unsigned long long)p);
+      hi = lo + count * 16;
+      if (hi > n) hi = n;
+    }
+    return bytes[q - lo];
+  }
+
+  /* an LZ4 length whose 4-bit field is value, continued by bytes of 255 at *pos; -1 when
+     the input ends first */
+  __device__ long long length(long long* pos, long long value) {
+    if (value != 15) return value;
+    unsigned int b;
+    do {
+      if (*pos >= n) return -1;
+      b = at((*pos)++);
+      value += b;
+    } while (b == 255);
+    return value;
+  }
+};
+
+extern "C" __global__ void lz4_walk_warps(const unsigned long long* ptrs, const long long* lens,
+                                         const long long* want, long long* status, int count) {
+  __shared__ __align__(16) unsigned char windows[LZ4_WARPS][LZ4_WINDOW + 16];
+  int warp = threadIdx.x >> 5;
+  int i = blockIdx.x * LZ4_WARPS + warp;
+  if (i >= count) return;  /* the whole warp */
+  Lz4Window w;
+  w.p = (const unsigned char*)ptrs[i];
+  w.n = lens[i];
+  w.lo = w.hi = 0;
+  w.bytes = windows[warp];
+  w.lane = threadIdx.x & 31;
+  long long n = w.n, expected = want[i];
+  long long pos = 0, out = 0;
+  long long bad = 0;
+  while (true) {
+    if (pos >= n) { bad = pos + 1; break; }
+    unsigned int token = w.at(pos++);
+    long long lit = w.length(&pos, token >> 4);
+    if (lit < 0) { bad = n + 1; break; }
+    long long cpy = out + lit;
+    if (lit > n - pos || cpy > expected) { bad = pos + 1; break; }
+    if (cpy > expected - 12 || pos + lit > n - 8) {  /* necessarily the last sequence */
+      if (pos + lit != n || cpy != expected) bad = pos + 1;
+      break;
+    }
+    pos += lit;
+    out = cpy;
+    if (n - pos < 2) { bad = pos + 1; break; }
+    long long offset = (long long)w.at(pos) | ((long long)w.at(pos + 1) << 8);
+    pos += 2;
+    if (offset == 0 || offset > out) { bad = pos - 1; break; }
+    long long ml = w.length(&pos, token & 15);
+    if (ml < 0) { bad = n + 1; break; }
+    out += ml + 4;
+    if (out > expected - 5) { bad = pos + 1; break; }
+  }
+  if (w.lane == 0) status[i] = bad;
+}
