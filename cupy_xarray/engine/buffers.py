@@ -58,6 +58,12 @@ def side_stream(cupy: Any) -> Any:
     return _thread_stream(cupy, "side")
 
 
+def check_stream(cupy: Any) -> Any:
+    """This thread's CUDA stream for checks that run while the streams they check decode
+    (the LZ4 walk beside nvCOMP's call)."""
+    return _thread_stream(cupy, "checks")
+
+
 @contextlib.contextmanager
 def on_thread_stream(cupy: Any):
     """Make this thread's own CUDA stream the current one."""

@@ -364,7 +364,7 @@ def _machine_key(device: Any) -> str:
     else:
         nv = 0
     # (the last field: the model's version; figures measured under another are measured again)
-    return f"{gpu}|{os.cpu_count()} cores|nvcomp {nv}|model 3"
+    return f"{gpu}|{os.cpu_count()} cores|nvcomp {nv}|model 4"
 
 
 def rates(kind: str, device: Any) -> Rates:

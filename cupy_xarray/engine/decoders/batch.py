@@ -230,10 +230,13 @@ class GPUCodecs:
         return decoded
 
     def _decode_c(self, batched: Any, algo: str, raw: list[Any], expected: list[int], into) -> Decoded:
-        """One call of nvCOMP's C API; every stream's status and size checked (LZ4 blocks'
-        structure before the call)."""
+        """One call of nvCOMP's C API; every stream's status and size checked, and the
+        structure of streams nvCOMP does not check (LZ4 blocks) walked on a second CUDA stream
+        during the call: nvCOMP decodes such a stream safely, damaged or not (only its zstd,
+        deflate and gzip decoders need valid input), and a damaged one fails the batch."""
         import cupy
 
+        from ..buffers import check_stream
         from .nvcomp import status_text
 
         align = max(batched.input_alignment, 1)
@@ -249,12 +252,20 @@ class GPUCodecs:
                 ptrs[i] = packed.data.ptr + p
             keep.append(packed)
         want = np.asarray(expected, dtype=np.uint64)
-        problem = stream(algo).check_on_gpu(ptrs, lens, want.astype(np.int64))
-        if problem is not None:
-            raise DecodeFailure(*problem)
+        staged = cupy.cuda.Event()
+        staged.record()
+        checks = check_stream(cupy)
+        checks.wait_event(staged)
+        with checks:
+            verdict = stream(algo).start_check_on_gpu(ptrs, lens, want.astype(np.int64))
         outs, scratch = self._outputs(expected, into, batched.output_alignment)
         dst = np.array([o.data.ptr for o in outs], dtype=np.uint64)
-        sizes, status = batched.decode(ptrs, lens, dst, want)
+        try:
+            sizes, status = batched.decode(ptrs, lens, dst, want)
+        finally:
+            problem = verdict()  # (the walk reads the streams: done before they are let go)
+        if problem is not None:
+            raise DecodeFailure(*problem)
         bad = np.flatnonzero((status != 0) | (sizes != want.astype(np.int64)))
         if len(bad):
             k = int(bad[0])
