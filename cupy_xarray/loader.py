@@ -93,10 +93,10 @@ def read_zarr_gds(
         Follow symbolic links that resolve outside the store (refused by default).
     decode
         Where compressed chunks are decoded for a GPU read: ``"auto"`` (default, or
-        ``CUPY_XARRAY_DECODE``): nvCOMP for the streams it decodes safely after the engine's
-        checks, CPU threads for the others (zstd frames without a crc32c, numcodecs' LZ4);
-        ``"gpu"``: nvCOMP for all, the fastest, for stores you trust (nvCOMP can fault on
-        damaged zstd frames); ``"cpu"``. The values read are the same.
+        ``CUPY_XARRAY_DECODE``): each codec where it decodes fastest, small reads on CPU
+        threads, zstd frames no checksum proved in a separate decoder process (nvCOMP can
+        fault on damaged ones), Blosc's zstd on CPU threads; ``"gpu"``: nvCOMP for every
+        codec; ``"cpu"``: CPU threads for all. The values read are the same.
     **decode_kwargs
         CF decoding options of ``xr.open_dataset`` (``mask_and_scale``, ``decode_times``...).
 
