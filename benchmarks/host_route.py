@@ -1,8 +1,7 @@
 """Where the host route of a GPU read spends its time: CPU threads read, decode and place each
 chunk (``decode="cpu"``, and the default's CPU share). Beside the read, on the same chunks: the
 reads alone, the decodes alone, the default read, and the read with each way of placing a
-tile (the box kernel reading the page-locked chunk in place, 2-D copies, a scratch chunk and
-the scatter kernel) and with more threads.
+tile (2-D copies, a scratch chunk and the scatter kernel) and with more threads.
 
 Usage (GPU machine)::
 
@@ -45,17 +44,11 @@ def profile_store(name: str, path: Path, threads: int) -> None:
     def decodes_alone():
         return list(pool.map(lambda i: numcodec.decode(blobs[i], out=outs[i]), range(len(blobs))))
 
-    def read(decode="cpu", boxes=True, **opts):
+    def read(decode="cpu", **opts):
         def fn():
-            from cupy_xarray.engine import place
-
-            place.HOST_BOXES = boxes
-            try:
-                with set_options(**opts):
-                    ds = xr.open_dataset(path, engine="kvikio", decode=decode, threads=threads)
-                    return ds["field"].data
-            finally:
-                place.HOST_BOXES = True
+            with set_options(**opts):
+                ds = xr.open_dataset(path, engine="kvikio", decode=decode, threads=threads)
+                return ds["field"].data
 
         return fn
 
@@ -65,8 +58,7 @@ def profile_store(name: str, path: Path, threads: int) -> None:
     paths |= {
         "default read": read("auto"),
         "decode=cpu read": read(),
-        "decode=cpu, 2-D copies": read(boxes=False),
-        "decode=cpu, tiles scattered": read(boxes=False, box_min_row=1 << 40),
+        "decode=cpu, tiles scattered": read(box_min_row=1 << 40),
         "decode=cpu, 32 threads": read(decode_threads=32),
     }
     print(f"{name}: {gb:.2f} GB, ratio {arr.nbytes / sum(len(b) for b in blobs):.2f}")

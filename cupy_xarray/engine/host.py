@@ -106,22 +106,12 @@ def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
         raise task.error(f"chunk holds {len(data)} bytes, expected {recipe.nbytes}")
     if not gpu and task.target is not None and data.ctypes.data == task.target.ctypes.data:
         return  # decoded straight into the output
-    if recipe.bytes_codecs:
-        pinned = gpu and _within(data, final)
-    else:
-        pinned = gpu and task.blob is None and _within(data, stored)
-    place_from_host(task, data, out, device, pinned)
+    place_from_host(task, data, out, device)
     if stats is not None:
         stats["host pread (thread-s)"] += t1 - t0
         if gpu:
             stats["host decode (thread-s)"] += t2 - t1
             stats["host to GPU (thread-s)"] += time.perf_counter() - t2
-
-
-def _within(data: np.ndarray, buffer: np.ndarray) -> bool:
-    """Whether ``data`` lies in ``buffer`` (a decoder may hand back bytes of its own)."""
-    start, base = data.ctypes.data, buffer.ctypes.data
-    return base <= start and start + data.nbytes <= base + buffer.nbytes
 
 
 def _direct_job(task: ChunkTask, out: Any, device: Any) -> None:

@@ -165,16 +165,10 @@ def queue_copies(task: ChunkTask, data: np.ndarray, out: Any, cupy: Any, stream:
             place_chunk(cupy, out, scratch, recipe, task.piece)
 
 
-#: whether the host route places a tile from page-locked memory with the box kernel reading
-#: it in place, rather than with 2-D copies (rows of a few KiB copy slowly)
-HOST_BOXES = True
-
-
-def place_from_host(task: ChunkTask, data: np.ndarray, out: Any, device: Any, pinned: bool = False) -> None:
+def place_from_host(task: ChunkTask, data: np.ndarray, out: Any, device: Any) -> None:
     """Place a piece decoded (or read) into host memory by a CPU thread: on a GPU, through this
-    thread's stream (:func:`queue_copies`; a tile in page-locked memory, ``pinned``, by one
-    launch of the box kernel reading it in place), waited for before ``data`` is reused; on
-    the CPU, one copy or a scatter."""
+    thread's stream (:func:`queue_copies`), waited for before ``data`` is reused; on the CPU,
+    one copy or a scatter."""
     if device.name != "gpu":
         if task.copy is not None:
             src, n, dst = task.copy
@@ -183,12 +177,8 @@ def place_from_host(task: ChunkTask, data: np.ndarray, out: Any, device: Any, pi
             place_chunk(np, out, data, task.spec.recipe, task.piece)
         return
     stream = thread_stream(device.xp)
-    boxes = Boxes(out) if pinned and HOST_BOXES else None
     try:
-        queue_copies(task, data, out, device.xp, stream, boxes)
-        if boxes is not None:
-            with stream:
-                boxes.run(device.xp)
+        queue_copies(task, data, out, device.xp, stream)
     finally:
         stream.synchronize()  # the host buffers are reused by this thread's next job, an error's way too
 
