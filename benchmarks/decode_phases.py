@@ -4,8 +4,7 @@ and ``decode="gpu"`` alternately (twice each), free-running and with exact phase
 
     python3 decode_phases.py --dir /tmp/phases --size-gib 4 --stores "zstd tiles,zstd tiles 1MiB"
 
-Stores are those of ``read_patterns.py`` (written there if missing). ``--lz4-walk
-threads,warps`` compares the engine's two kernels walking LZ4 blocks, read by read in one run.
+Stores are those of ``read_patterns.py`` (written there if missing).
 """
 
 from __future__ import annotations
@@ -27,18 +26,14 @@ def main() -> None:
     ap.add_argument("--size-gib", type=float, default=4.0)
     ap.add_argument("--stores", default="zstd tiles")
     ap.add_argument("--decodes", default="auto,gpu")
-    ap.add_argument("--lz4-walk", default="", help="LZ4 walk kernels to compare: threads,warps")
     ap.add_argument("--no-sandbox", action="store_true", help="skip the decoder process alone")
     args = ap.parse_args()
-    from cupy_xarray.engine.decoders import checksums
-
-    variants = args.lz4_walk.split(",") if args.lz4_walk else [checksums.LZ4_WALK]
     decodes = args.decodes.split(",")
     specs = store_specs(max(4, int(args.size_gib * 2**30 / (SIDE * SIDE * 4))))
     for name in args.stores.split(","):
         path = Path(args.dir) / (name.replace(" ", "-") + ".zarr")
         write_store(path, specs[name])
-        for decode, checksums.LZ4_WALK in [(d, v) for _ in range(2) for v in variants for d in decodes]:
+        for decode in decodes * 2:
             for exact in (False, True):
                 cupy.get_default_memory_pool().free_all_blocks()
                 with cupy_xarray.set_options(profile=exact), cupy_xarray.record_reads() as reports:
@@ -48,8 +43,6 @@ def main() -> None:
                     dt = time.perf_counter() - t0
                 r = reports[-1]
                 label = "exact phases" if exact else "free-running"
-                if len(variants) > 1:
-                    label += f", LZ4 walk {checksums.LZ4_WALK!r}"
                 rate = out.nbytes / dt / 1e9
                 print(f"{name} decode={decode!r} {label}: {rate:.2f} GB/s, {r.batches} batch(es), "
                       f"staging {r.staging_bytes / 2**30:.2f} GiB")  # fmt: skip

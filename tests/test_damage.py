@@ -499,14 +499,12 @@ def test_lz4_walk_refuses_what_liblz4_refuses():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("walk", ["warps", "threads"])
 @pytest.mark.parametrize("count, longest", [(600, 5000), (120, 70_000), (9, 2_000_000)])
-def test_lz4_walk_kernel_equals_the_host(count, longest, walk, monkeypatch):
+def test_lz4_walk_kernel_equals_the_host(count, longest):
     """Short blocks, blocks as long as Blosc's streams and as numcodecs' LZ4 of a 4 MiB chunk
-    (the warp kernel's window read again many times), at every alignment, by both kernels."""
+    (the kernel's window read again many times), at every alignment."""
     import cupy
 
-    monkeypatch.setattr(checksums, "LZ4_WALK", walk)
     blocks = _lz4_blocks(count, seed=3, longest=longest)
     buf = cupy.asarray(np.frombuffer(b"".join(b for b, _, _ in blocks) + b"\0", dtype=np.uint8))
     lens = np.array([len(b) for b, _, _ in blocks], dtype=np.int64)

@@ -120,7 +120,7 @@ def _lz4_length(p: bytes, pos: int, value: int) -> tuple[int, int] | None:
 
 def lz4_walk_host(block: bytes, expected: int) -> int:
     """0 when ``block`` is an LZ4 block that decodes to exactly ``expected`` bytes (liblz4's
-    safe-decoder rules), else 1 + the position where it fails; the ``lz4_walk`` kernel's twin."""
+    safe-decoder rules), else 1 + the position where it fails; the ``lz4_walk_warps`` kernel's twin."""
     p, n, pos, out = block, len(block), 0, 0
     while True:
         if pos >= n:
@@ -226,10 +226,8 @@ def crc_start(kind: str, d_ptrs: Any, d_lens: Any, count: int, lens: Any) -> Any
     return out
 
 
-#: the LZ4 walk kernel: ``"warps"`` (a warp per block, reading it through shared memory) or
-#: ``"threads"`` (a thread per block)
-LZ4_WALK = "warps"
-_LZ4_WARPS = 4  # LZ4_WARPS of the kernel source
+#: streams each block of the ``lz4_walk_warps`` kernel walks, a warp each (its LZ4_WARPS)
+_LZ4_WARPS = 4
 
 
 def lz4_check(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -257,10 +255,7 @@ def lz4_check_start(ptrs: np.ndarray, lens: np.ndarray, want: np.ndarray) -> Any
         status,
         np.int32(count),
     )
-    if LZ4_WALK == "warps":
-        _kernel("lz4_walk_warps")(((count + _LZ4_WARPS - 1) // _LZ4_WARPS,), (32 * _LZ4_WARPS,), args)
-    else:
-        _kernel("lz4_walk")(((count + 127) // 128,), (128,), args)
+    _kernel("lz4_walk_warps")(((count + _LZ4_WARPS - 1) // _LZ4_WARPS,), (32 * _LZ4_WARPS,), args)
     return status
 
 

@@ -236,58 +236,12 @@ extern "C" __global__ void stream_ends(const unsigned long long* ptrs, const lon
    offset inside the output so far, a match never ending within 5 bytes of the end, the block
    ending on literals), else 1 + the input position where it fails. nvCOMP's LZ4 decoder
    checks none of this: a truncated block decodes to garbage of the right size. Only the
-   lengths are read (literals are skipped), one thread per stream. */
-/* an LZ4 length whose 4-bit field is value, continued by bytes of 255 at *pos; -1 when the
-   input ends first */
-__device__ long long lz4_length(const unsigned char* p, long long n, long long* pos, long long value) {
-  if (value != 15) return value;
-  unsigned int b;
-  do {
-    if (*pos >= n) return -1;
-    b = p[(*pos)++];
-    value += b;
-  } while (b == 255);
-  return value;
-}
-
-extern "C" __global__ void lz4_walk(const unsigned long long* ptrs, const long long* lens,
-                                    const long long* want, long long* status, int count) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= count) return;
-  const unsigned char* p = (const unsigned char*)ptrs[i];
-  long long n = lens[i], expected = want[i];
-  long long pos = 0, out = 0;
-  long long bad = 0;
-  while (true) {
-    if (pos >= n) { bad = pos + 1; break; }
-    unsigned int token = p[pos++];
-    long long lit = lz4_length(p, n, &pos, token >> 4);
-    if (lit < 0) { bad = n + 1; break; }
-    long long cpy = out + lit;
-    if (lit > n - pos || cpy > expected) { bad = pos + 1; break; }
-    if (cpy > expected - 12 || pos + lit > n - 8) {  /* necessarily the last sequence */
-      if (pos + lit != n || cpy != expected) bad = pos + 1;
-      break;
-    }
-    pos += lit;
-    out = cpy;
-    if (n - pos < 2) { bad = pos + 1; break; }
-    long long offset = (long long)p[pos] | ((long long)p[pos + 1] << 8);
-    pos += 2;
-    if (offset == 0 || offset > out) { bad = pos - 1; break; }
-    long long ml = lz4_length(p, n, &pos, token & 15);
-    if (ml < 0) { bad = n + 1; break; }
-    out += ml + 4;
-    if (out > expected - 5) { bad = pos + 1; break; }
-  }
-  status[i] = bad;
-}
-
-/* The same walk, one warp per stream: the warp reads a window of the stream into shared
-   memory with 16-byte loads, and every lane walks the same sequences in it (the same values,
-   so the lanes never diverge), the window read again where the walk leaves it. A thread's
-   chain of dependent reads from device memory is what bounds the walk; here each read of the
-   chain is one of shared memory, and the streams spread over every multiprocessor. */
+   lengths are read (literals are skipped), one warp per stream: the warp reads a window of
+   the stream into shared memory with 16-byte loads, and every lane walks the same sequences
+   in it (the same values, so the lanes never diverge), the window read again where the walk
+   leaves it. A walk is a chain of dependent reads: from shared memory, each is short, and the
+   streams spread over every multiprocessor (a thread per stream reading device memory took
+   twice as long on 4 MiB blocks). */
 #define LZ4_WARPS 4
 #define LZ4_WINDOW 2048
 
