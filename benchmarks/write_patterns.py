@@ -5,7 +5,8 @@ Usage (GPU machine)::
     python benchmarks/write_patterns.py --dir /tmp/wbench --size-gib 4
 
 A float32 ``(T, 2048, 2048)`` Dataset of smooth data in GPU memory (cupy), written in 4 MiB
-tiles ``(4, 512, 512)``, uncompressed, zstd-1, Blosc LZ4 + shuffle and numcodecs LZ4, by:
+tiles ``(4, 512, 512)``, uncompressed, zstd-1, Blosc LZ4 + shuffle and numcodecs LZ4, and
+the same tiles in 64 MiB shards ``(16, 1024, 1024)`` (uncompressed and zstd-1), by:
 
 - ``engine``: ``ds.cupy.to_zarr(path, encoding=...)``;
 - ``as_numpy().to_zarr``: a host copy written by xarray and zarr-python;
@@ -29,17 +30,25 @@ import numpy as np
 from read_throughput import PeakGPUMemory, smooth_field
 
 TILE = (4, 512, 512)
+SHARD = (16, 1024, 1024)
 
 
 def codecs() -> dict:
+    """Each compared layout's encoding of the field."""
     import zarr
     from zarr.codecs import numcodecs as zn
 
+    zstd = zarr.codecs.ZstdCodec(level=1)
     return {
-        "uncompressed": None,
-        "zstd-1": zarr.codecs.ZstdCodec(level=1),
-        "blosc-lz4": zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
-        "lz4": zn.LZ4(),
+        "uncompressed": {"chunks": TILE, "compressors": None},
+        "zstd-1": {"chunks": TILE, "compressors": zstd},
+        "blosc-lz4": {
+            "chunks": TILE,
+            "compressors": zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+        },
+        "lz4": {"chunks": TILE, "compressors": zn.LZ4()},
+        "uncompressed-sharded": {"chunks": TILE, "shards": SHARD, "compressors": None},
+        "zstd-1-sharded": {"chunks": TILE, "shards": SHARD, "compressors": zstd},
     }
 
 
@@ -61,9 +70,7 @@ def paths(gds, host, out: Path, threads: int) -> dict:
     def zarr_gpu(enc):
         def write(p):
             with zarr.config.enable_gpu():
-                arr = zarr.create_array(
-                    p, shape=gds.field.shape, chunks=TILE, dtype="f4", compressors=enc["field"]["compressors"]
-                )
+                arr = zarr.create_array(p, shape=gds.field.shape, dtype="f4", **enc["field"])
                 arr[:] = gds.field.data
 
         return write
@@ -102,7 +109,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/wbench")
     ap.add_argument("--size-gib", type=float, default=4.0)
-    ap.add_argument("--codecs", default="uncompressed,zstd-1,blosc-lz4,lz4")
+    ap.add_argument("--codecs", default=",".join(codecs()))
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--paths", default="engine,as_numpy().to_zarr,zarr GPU mode,raw kvikio write")
@@ -119,7 +126,7 @@ def main() -> None:
     print(f"{nbytes / 2**30:.2f} GiB float32, tiles {TILE}, {args.threads} threads")
     rows = []
     for name in args.codecs.split(","):
-        enc = {"field": {"chunks": TILE, "compressors": codecs()[name]}}
+        enc = {"field": codecs()[name]}
         figures = {}
         for label, make in paths(gds, host, out, args.threads).items():
             if label not in args.paths.split(",") or (label == "raw kvikio write" and name != "uncompressed"):

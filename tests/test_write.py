@@ -152,6 +152,11 @@ def test_random_writes_match_xarray(tmp_path, monkeypatch):
         if rng.integers(2):  # dask blocks of one to three chunks along each axis
             ds = ds.chunk({d: c * int(rng.integers(1, 4)) for d, c in zip(ds.v.dims, chunks)})
         enc = {"v": {"chunks": chunks, "compressors": chains[chain]}}
+        if fmt == 3 and rng.integers(3) == 0:  # sharded: shards of one to three chunks an axis
+            shards = tuple(c * int(rng.integers(1, 4)) for c in chunks)
+            enc["v"]["shards"] = shards
+            if hasattr(ds.v.data, "chunks"):  # dask blocks of whole shards
+                ds = ds.chunk({d: s * int(rng.integers(1, 3)) for d, s in zip(ds.v.dims, shards)})
         a, b = tmp_path / f"a{case}.zarr", tmp_path / f"b{case}.zarr"
         ds.to_zarr(a, zarr_format=fmt, encoding=enc)
         with record_writes() as reports:
@@ -436,6 +441,113 @@ def test_a_group(tmp_path, fmt):
         patch.cupy.to_zarr(b, group="g/h", region={"t": slice(0, 2)})
     assert [r.arrays for r in reports] == [["g/h/v"]] * 3, [str(r) for r in reports]
     assert_same_files(a, b)
+
+
+def _sharded(chain: str, inner: tuple, shards: tuple, where: str = "end", crc: bool = True) -> dict:
+    """A v3 encoding of sharded chunks: ``inner`` chunks with ``chain`` in ``shards``, the
+    index at ``where``, with or without its crc32c."""
+    codecs = _chains(3)[chain]
+    codecs = [] if codecs is None else codecs if isinstance(codecs, list) else [codecs]
+    index = [zarr.codecs.BytesCodec(), zarr.codecs.Crc32cCodec()] if crc else [zarr.codecs.BytesCodec()]
+    sharding = zarr.codecs.ShardingCodec(
+        chunk_shape=inner,
+        codecs=[zarr.codecs.BytesCodec(), *codecs],
+        index_codecs=index,
+        index_location=where,
+    )
+    return {"chunks": shards, "compressors": None, "serializer": sharding}
+
+
+SHARD_CHAINS = ["none", "zstd-1", "zstd+crc32c", "crc32c", "lz4+crc32c", "blosc-lz4", "gzip+crc32c"]
+
+
+@pytest.mark.parametrize("chain", SHARD_CHAINS)
+@pytest.mark.parametrize("where,crc", [("end", True), ("start", True), ("end", False)])
+@pytest.mark.parametrize("batch_bytes", [1 << 30, 3000], ids=["one-batch", "a-shard-a-batch"])
+def test_sharded_arrays_are_written_by_the_engine(tmp_path, monkeypatch, chain, where, crc, batch_bytes):
+    """Whole shards, edge shards (padded, their chunks outside the array left out), inner
+    chunks and whole shards of the fill value left out, the index before or after the chunks,
+    with or without its crc32c: the files zarr-python writes, byte for byte."""
+    from cupy_xarray.write import chunks
+
+    monkeypatch.setattr(chunks, "BATCH_BYTES", batch_bytes)
+    ds = _dataset("f4", (9, 34, 41))  # NaN in y < 11: whole inner chunks and shards of it
+    enc = {"v": _sharded(chain, (2, 5, 8), (4, 10, 16), where, crc)}
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    with record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    (report,) = reports
+    assert report.arrays == ["v"] and report.chunks > 0 and report.empty > 0, str(report)
+    assert report.chunks + report.empty == 3 * 4 * 3 * (2 * 2 * 2), str(report)  # shards x inner
+    assert report.batches >= (2 if batch_bytes < 1 << 30 else 1), str(report)
+    if chain.startswith("gzip"):  # gzip members inside a shard hold the second they were made
+        assert _files(tmp_path / "x.zarr").keys() == _files(tmp_path / "e.zarr").keys()
+    else:
+        assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    xr.testing.assert_identical(
+        xr.open_dataset(tmp_path / "e.zarr", engine="zarr").load(),
+        xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load(),
+    )
+
+
+def test_sharded_writes_in_grid_rows_dask_blocks_appends_and_regions(tmp_path, monkeypatch):
+    """Shards gathered a grid row at a time and one by one, dask blocks of whole shards
+    (``encoding=`` with ``shards=``), an append of whole shards and a region of one, a shard
+    that now holds only the fill value deleted: zarr-python's files."""
+    import dask
+
+    from cupy_xarray.write import chunks
+
+    monkeypatch.setattr(chunks, "BATCH_BYTES", 2 * 4 * 16 * 24 * 4)  # two shards a batch
+    ds = _dataset("f4", (8, 32, 48), holes=False)
+    enc = {"v": {"chunks": (2, 8, 8), "shards": (4, 16, 24), "compressors": zarr.codecs.ZstdCodec(level=1)}}
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    ds.to_zarr(a, encoding=enc)
+    with record_writes() as reports:
+        ds.cupy.to_zarr(b, encoding=enc)
+    assert reports[0].arrays == ["v"] and reports[0].batches >= 4, str(reports[0])
+    assert_same_files(a, b)
+    lazy = ds.chunk({"t": 4, "y": 16, "x": 48})
+    lazy.to_zarr(tmp_path / "la.zarr", encoding=enc)
+    with dask.config.set(scheduler="threads"), record_writes() as reports:
+        lazy.cupy.to_zarr(tmp_path / "lb.zarr", encoding=enc)
+    assert reports[0].arrays == ["v"], str(reports[0])
+    assert_same_files(tmp_path / "la.zarr", tmp_path / "lb.zarr")
+    more = _dataset("f4", (4, 32, 48), seed=5, holes=False).assign_coords(t=np.arange(8, 12))
+    more.to_zarr(a, append_dim="t")
+    with record_writes() as reports:
+        more.cupy.to_zarr(b, append_dim="t")
+    assert reports[0].arrays == ["v"] and reports[0].chunks == 2 * 4 * 6, str(reports[0])
+    assert_same_files(a, b)
+    patch = _dataset("f4", (4, 32, 48), seed=6, holes=False).drop_vars("t")
+    patch.v[:, :16, :24] = np.nan  # a whole shard of the fill value: its file deleted
+    patch.to_zarr(a, region={"t": slice(4, 8)})
+    with record_writes() as reports:
+        patch.cupy.to_zarr(b, region={"t": slice(4, 8)})
+    assert reports[0].arrays == ["v"] and reports[0].empty == 2 * 2 * 3, str(reports[0])
+    assert_same_files(a, b)
+    xr.testing.assert_identical(
+        xr.open_dataset(b, engine="zarr").load(), xr.open_dataset(a, engine="zarr").load()
+    )
+
+
+def test_sharding_the_engine_does_not_write_is_xarrays(tmp_path):
+    """A shard index the engine does not write (big-endian), sharding inside sharding: xarray
+    writes those arrays, the same files."""
+    ds = _dataset("f4", (4, 8, 8))
+    big = zarr.codecs.ShardingCodec(
+        chunk_shape=(2, 4, 4), index_codecs=[zarr.codecs.BytesCodec(endian="big"), zarr.codecs.Crc32cCodec()]
+    )
+    nested = zarr.codecs.ShardingCodec(
+        chunk_shape=(2, 4, 8), codecs=[zarr.codecs.ShardingCodec(chunk_shape=(1, 4, 4))]
+    )
+    for name, serializer in (("big", big), ("nested", nested)):
+        enc = {"v": {"chunks": (4, 8, 8), "compressors": None, "serializer": serializer}}
+        ds.to_zarr(tmp_path / f"x-{name}.zarr", encoding=enc)
+        with record_writes() as reports:
+            ds.cupy.to_zarr(tmp_path / f"e-{name}.zarr", encoding=enc)
+        assert reports[0].arrays == [], str(reports[0])
+        assert_same_files(tmp_path / f"x-{name}.zarr", tmp_path / f"e-{name}.zarr")
 
 
 def test_an_append_encoded_by_the_stored_variable_is_xarrays(tmp_path):
@@ -762,3 +874,31 @@ def test_gpu_chunks_of_odd_sizes(tmp_path, fmt, chain, endian, dtype):
     xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)
     if chain == "none":
         assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chain", ["none", "crc32c", "zstd-1", "zstd+crc32c", "lz4+crc32c", "blosc-lz4"])
+@pytest.mark.parametrize("where", ["end", "start"])
+@pytest.mark.parametrize("batch", [4, 512], ids=["a-shard-a-batch", "one-batch"])
+def test_gpu_sharded_writes(tmp_path, monkeypatch, chain, where, batch):
+    """Shards of GPU data: inner chunks of 420 bytes (rows padded to nvCOMP's alignment),
+    edge shards, inner chunks and shards of the fill value, crc32c computed on the GPU:
+    zarr-python reads the values written, and what is not nvCOMP's is its own bytes."""
+    from cupy_xarray.write import encoders
+
+    monkeypatch.setattr(encoders, "GPU_BATCH_CHUNKS", batch)
+    ds = _dataset("f4", (9, 34, 23))
+    enc = {"v": _sharded(chain, (3, 7, 5), (6, 14, 10), where)}
+    with record_writes() as reports:
+        ds.cupy.as_cupy().cupy.to_zarr(tmp_path / "g.zarr", encoding=enc)
+    (report,) = reports
+    assert report.arrays == ["v"] and report.encoder == _gpu_encoder(chain), str(report)
+    assert report.chunks > 0 and report.empty > 0, str(report)
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    want = xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load()
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)
+    assert _files(tmp_path / "g.zarr").keys() == _files(tmp_path / "x.zarr").keys()
+    if chain not in NVCOMP_CHAINS:
+        assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")
+    back = xr.open_dataset(tmp_path / "g.zarr", engine="kvikio").load()
+    xr.testing.assert_identical(back.cupy.as_numpy(), want)

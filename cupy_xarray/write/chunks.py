@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .encoders import DeviceChunk, EncodeError, Pending, Recipe
+from ..engine.shards import EMPTY, encode_index
+from .encoders import DeviceChunk, EncodeError, Pending, Recipe, ShardRecipe, chunk_shape
 
 #: bytes of chunks a batch holds in host memory (data on the host, or encoded by CPU threads)
 BATCH_BYTES = 1 << 30
@@ -73,42 +74,57 @@ class WriteReport:
         )
 
 
-def chunk_shape(meta: Any) -> tuple[int, ...]:
-    grid = getattr(meta, "chunk_grid", None)
-    return tuple(grid.chunk_shape) if grid is not None else tuple(meta.chunks)
+def _elements(rows: Any, inner: tuple[int, ...], native: np.dtype, lead: tuple[int, ...]) -> Any:
+    """``rows`` (uint8, a chunk of ``inner`` elements at the start of each) as an array of shape
+    ``lead + inner``: a view (axes are only split), whatever the rows' padding."""
+    n = int(np.prod(inner))
+    return rows.view(native)[:, :n].reshape(lead + tuple(inner))
 
 
-def _gather(row: Any, block: Any, shape: tuple[int, ...], fill: Any, native: np.dtype) -> None:
-    """Put a chunk's elements in C order into ``row`` (uint8): edge chunks padded with the fill
-    value to the whole chunk shape, as zarr-python writes them."""
-    slot = row.view(native).reshape(shape)
-    if block.shape != shape:
-        slot[...] = fill
-        slot = slot[tuple(slice(0, n) for n in block.shape)]
-    slot[...] = block
+def _gather(rows: Any, block: Any, unit: tuple, inner: tuple, fill: Any, native: np.dtype, xp: Any) -> None:
+    """Put one unit's elements (a chunk, or a shard of ``inner`` chunks) into ``rows``, a row
+    per chunk in C order, each in C order: edge units padded with the fill value to the whole
+    unit, as zarr-python writes them."""
+    if unit == inner:  # one chunk: padded in place
+        slot = _elements(rows, inner, native, (1,))[0]
+        if block.shape != unit:
+            slot[...] = fill
+            slot = slot[tuple(slice(0, n) for n in block.shape)]
+        slot[...] = block
+        return
+    if block.shape != unit:
+        whole = xp.full(unit, fill, dtype=native)
+        whole[tuple(slice(0, n) for n in block.shape)] = block
+        block = whole
+    k = tuple(u // c for u, c in zip(unit, inner))
+    split = tuple(x for kk, c in zip(k, inner) for x in (kk, c))
+    d = len(unit)
+    order = [2 * i for i in range(d)] + [2 * i + 1 for i in range(d)]
+    _elements(rows, inner, native, k)[...] = block.reshape(split).transpose(order)
 
 
-def _gather_rows(rows: Any, data: Any, batch: list, shape: tuple[int, ...], native: np.dtype) -> bool:
-    """Put a batch of whole grid rows of interior chunks into ``rows`` with one copy (a view
-    of ``data`` with the chunks' axes last); False where the batch is not such a block."""
-    grid = [n // c for n, c in zip(data.shape[1:], shape[1:])]
+def _gather_rows(
+    rows: Any, data: Any, batch: list, unit: tuple[int, ...], inner: tuple[int, ...], native: np.dtype
+) -> bool:
+    """Put a batch of whole grid rows of interior units (chunks, or shards of ``inner``
+    chunks) into ``rows`` with one copy (a view of ``data`` with the chunks' axes last, each
+    shard's chunks together); False where the batch is not such a block."""
+    grid = [n // u for n, u in zip(data.shape[1:], unit[1:])]
     per_row = int(np.prod(grid)) if grid else 1
-    rest = data.shape[1:]
-    if (
-        rows.shape[1] != int(np.prod(shape)) * native.itemsize
-        or any(n % c for n, c in zip(rest, shape[1:]))
-        or len(batch) % per_row
-        or any(batch[0][1:])
-    ):
+    if any(n % u for n, u in zip(data.shape[1:], unit[1:])) or len(batch) % per_row or any(batch[0][1:]):
         return False
     first, m = batch[0][0], len(batch) // per_row
-    if (first + m) * shape[0] > data.shape[0]:
-        return False  # the last chunks along the first axis are cut short
-    block = data[first * shape[0] : (first + m) * shape[0]]
-    split = (m, shape[0]) + tuple(x for g, c in zip(grid, shape[1:]) for x in (g, c))
-    d = len(shape)
-    order = [0] + [2 * i + 2 for i in range(d - 1)] + [1] + [2 * i + 3 for i in range(d - 1)]
-    rows.view(native).reshape((m, *grid, *shape))[...] = block.reshape(split).transpose(order)
+    if (first + m) * unit[0] > data.shape[0]:
+        return False  # the last units along the first axis are cut short
+    block = data[first * unit[0] : (first + m) * unit[0]]
+    k = [u // c for u, c in zip(unit, inner)]
+    # axis 0 splits into (units, chunks in a unit, elements); every other axis into
+    # (units, chunks, elements) too: units first, then chunks, then elements
+    split = (m, k[0], inner[0]) + tuple(x for g, kk, c in zip(grid, k[1:], inner[1:]) for x in (g, kk, c))
+    d = len(unit)
+    order = [0] + [3 * i for i in range(1, d)] + [1] + [3 * i + 1 for i in range(1, d)]
+    order += [2] + [3 * i + 2 for i in range(1, d)]
+    _elements(rows, inner, native, (m, *grid, *k))[...] = block.reshape(split).transpose(order)
     return True
 
 
@@ -152,15 +168,32 @@ class _Files:
     def put(self, key: str, data: np.ndarray | DeviceChunk, crc: int | None = None) -> None:
         """Write ``data`` (host bytes, or bytes in device memory the thread copies out) as
         chunk ``key``, then its crc32c (``crc`` where already computed)."""
-        self.pending.append(self.pool.submit(self._put, key, data, crc))
+        self.pending.append(self.pool.submit(self._put, key, [(data, crc, self.crc32c)]))
+
+    def put_shard(self, key: str, pieces: list, crcs: list, shard: ShardRecipe) -> int:
+        """Write shard ``key`` of ``pieces`` (its inner chunks' bytes in C order of its grid,
+        None for those left out, ``crcs`` their crc32c where computed): the chunks in the
+        order zarr-python stores them, the index before or after them. Returns its size."""
+        layout = shard.layout
+        extra = 4 if self.crc32c else 0
+        index = np.full((len(pieces), 2), EMPTY, dtype=np.uint64)
+        start = pos = layout.index_nbytes(shard.inner) if layout.index_at_start else 0
+        for j in shard.order:
+            if pieces[j] is not None:
+                index[j] = pos, len(pieces[j]) + extra
+                pos += len(pieces[j]) + extra
+        head = encode_index(index, layout)
+        parts = [(pieces[j], crcs[j], self.crc32c) for j in shard.order if pieces[j] is not None]
+        parts = [(head, None, False), *parts] if start else [*parts, (head, None, False)]
+        self.pending.append(self.pool.submit(self._put, key, parts))
+        return pos + (0 if start else len(head))
 
     def remove(self, key: str) -> None:
         """Delete chunk ``key``'s file where there is one."""
         self.pending.append(self.pool.submit((self.root / key).unlink, missing_ok=True))
 
-    def _put(self, key: str, data: np.ndarray | DeviceChunk, crc: int | None = None) -> None:
-        if isinstance(data, DeviceChunk):
-            data = data.to_host()
+    def _put(self, key: str, parts: list) -> None:
+        """Write ``parts`` ((bytes, crc32c or None, whether a crc32c follows) each) as ``key``."""
         path = self.root / key
         parent = path.parent
         if parent not in self.dirs:
@@ -170,13 +203,16 @@ class _Files:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
             try:
-                _write_all(fd, memoryview(data).cast("B"))
-                if self.crc32c:
-                    if crc is None:
-                        from ..engine.decoders import crc32c
+                for data, crc, checked in parts:
+                    if isinstance(data, DeviceChunk):
+                        data = data.to_host()  # this thread's buffer: written before the next
+                    _write_all(fd, memoryview(data).cast("B"))
+                    if checked:
+                        if crc is None:
+                            from ..engine.decoders import crc32c
 
-                        crc = crc32c.value(data)
-                    _write_all(fd, memoryview(crc.to_bytes(4, "little")))
+                            crc = crc32c.value(data)
+                        _write_all(fd, memoryview(crc.to_bytes(4, "little")))
             finally:
                 os.close(fd)
             _rename(tmp, path)
@@ -223,7 +259,9 @@ def write_array(
     covers: all of them, or from chunk ``origin`` of its grid on (a dask block: its ends on
     chunk boundaries or the array's). ``overwrite``: chunks may be there already (an append, a
     region): the file of a chunk that now holds only the fill value is deleted, as zarr-python
-    does.
+    does. A sharded array is written a whole shard at a time (``origin`` counts shards): its
+    inner chunks are the rows, gathered, checked and encoded as chunks are, then written as
+    one file with their index.
 
     Batches of chunks are gathered into rows of one buffer, checked for chunks of the fill
     value only, handed to ``encoder`` (which returns at once) and written by ``pool``'s threads
@@ -232,22 +270,25 @@ def write_array(
     """
     import zarr
 
-    shape = chunk_shape(meta)
+    unit = chunk_shape(meta)  # a chunk, or a shard
+    shape = recipe.shard.inner if recipe.shard is not None else unit  # a row's chunk
+    per_unit = int(np.prod([u // c for u, c in zip(unit, shape)]))
     origin = origin or (0,) * data.ndim
-    ends = [(o * c + n) for o, c, n in zip(origin, shape, data.shape)]
+    ends = [(o * c + n) for o, c, n in zip(origin, unit, data.shape)]
     if len(ends) != len(meta.shape) or any(e > n for e, n in zip(ends, meta.shape)):
         raise ValueError(f"{directory}: data of shape {data.shape} from chunk {origin} outside {meta.shape}")
     native = data.dtype.newbyteorder("=")
     fill = np.asarray(meta.fill_value, dtype=native)[()] if meta.fill_value is not None else None
     check_empty = fill is not None and not bool(zarr.config.get("array.write_empty_chunks", False))
     pad = fill if fill is not None else np.zeros((), native)[()]
-    grid = [range(-(-n // c)) for n, c in zip(data.shape, shape)]
+    grid = [range(-(-n // c)) for n, c in zip(data.shape, unit)]
     indexes = list(np.ndindex(*[len(g) for g in grid])) if data.ndim else [()]
     nbytes = int(np.prod(shape)) * native.itemsize
     a = encoder.alignment
     stride = -(-max(nbytes, 1) // a) * a
     per_row = int(np.prod([len(g) for g in grid[1:]])) if data.ndim > 1 else 1
-    sizes = _plan(len(indexes), encoder.batch_chunks(nbytes, stride, BATCH_BYTES, recipe), per_row)
+    cap = max(1, encoder.batch_chunks(nbytes, stride, BATCH_BYTES, recipe) // per_unit)
+    sizes = _plan(len(indexes), cap, per_row)
     streams = _streams(xp)
     report.encoder = encoder.name
     files = _Files(directory, pool, recipe.crc32c, overwrite)
@@ -261,11 +302,12 @@ def write_array(
             batch = indexes[first : first + sizes[0]]
             try:
                 with streams[b % len(streams)]:
-                    rows = xp.empty((len(batch), stride), dtype=xp.uint8)
-                    if not _gather_rows(rows, data, batch, shape, native):
+                    rows = xp.empty((len(batch) * per_unit, stride), dtype=xp.uint8)
+                    if not _gather_rows(rows, data, batch, unit, shape, native):
                         for k, idx in enumerate(batch):
-                            block = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, shape))]
-                            _gather(rows[k, :nbytes], block, shape, pad, native)
+                            block = data[tuple(slice(i * c, (i + 1) * c) for i, c in zip(idx, unit))]
+                            own = rows[k * per_unit : (k + 1) * per_unit]
+                            _gather(own, block, unit, shape, pad, native, xp)
                     empty = _empties(xp, rows, nbytes, native, fill) if check_empty else None
                     _stored_order(xp, rows[:, :nbytes], shape, native, recipe)
                     pending = encoder.start(recipe, rows, nbytes, empty)
@@ -274,7 +316,7 @@ def write_array(
                 if len(batch) == 1 and last is None:
                     raise
                 if last is not None:  # its memory back first
-                    _finish(*last, meta, origin, nbytes, files, report)
+                    _finish(*last, meta, origin, nbytes, files, report, recipe.shard)
                     last = None
                 if xp is not np:
                     from ..engine.sandbox import release_arenas
@@ -291,11 +333,11 @@ def write_array(
             report.device_bytes = max(report.device_bytes, held)
             report.batches += 1
             if last is not None:
-                _finish(*last, meta, origin, nbytes, files, report)
+                _finish(*last, meta, origin, nbytes, files, report, recipe.shard)
                 writing = last[1].device_bytes
             last = (batch, pending)
         if last is not None:
-            _finish(*last, meta, origin, nbytes, files, report)
+            _finish(*last, meta, origin, nbytes, files, report, recipe.shard)
             last = None
         w = time.perf_counter()
         files.wait()
@@ -327,21 +369,48 @@ def _plan(total: int, cap: int, row: int) -> list[int]:
 
 
 def _finish(
-    batch: list, pending: Pending, meta: Any, origin: tuple, nbytes: int, files: _Files, report: WriteReport
+    batch: list,
+    pending: Pending,
+    meta: Any,
+    origin: tuple,
+    nbytes: int,
+    files: _Files,
+    report: WriteReport,
+    shard: ShardRecipe | None = None,
 ) -> None:
     """Take a batch's encoded chunks and hand them to the file threads (once the files of the
-    batch before are written: at most two batches' files are pending)."""
+    batch before are written: at most two batches' files are pending); ``shard``: the batch's
+    units are shards, each written as one file."""
     t = time.perf_counter()
+    per = len(shard.order) if shard is not None else 1
     try:
         encoded = pending.result()
     except EncodeError as exc:
-        key = meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, batch[exc.index])))
-        raise RuntimeError(f"{files.root}: chunk {key!r} was not written: {exc}") from exc
+        key = meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, batch[exc.index // per])))
+        inner = ""
+        if shard is not None:
+            grid = tuple(u // c for u, c in zip(shard.layout.shard_shape, shard.inner))
+            inner = f" (inner chunk {tuple(int(i) for i in np.unravel_index(exc.index % per, grid))})"
+        raise RuntimeError(f"{files.root}: chunk {key!r}{inner} was not written: {exc}") from exc
     w = time.perf_counter()
     report.encode_wait_s += w - t
     files.wait()
     report.file_wait_s += time.perf_counter() - w
-    crcs = encoded.crc32c or [None] * len(batch)
+    crcs = encoded.crc32c or [None] * len(encoded.chunks)
+    if shard is not None:
+        for u, idx in enumerate(batch):
+            key = meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, idx)))
+            pieces = encoded.chunks[u * per : (u + 1) * per]
+            written = sum(p is not None for p in pieces)
+            report.empty += per - written
+            if not written:  # every inner chunk holds only the fill value: no shard
+                if files.overwrite:
+                    files.remove(key)
+                continue
+            report.stored += files.put_shard(key, pieces, crcs[u * per : (u + 1) * per], shard)
+            report.chunks += written
+            report.nbytes += nbytes * written
+        return
     for idx, enc, crc in zip(batch, encoded.chunks, crcs):
         key = meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, idx)))
         if enc is None:

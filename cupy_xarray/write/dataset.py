@@ -31,8 +31,8 @@ from ..device import host_copy, is_dask_array
 from ..engine.io import kept_pool
 from ..engine.notes import collecting, file
 from . import encoders
-from .chunks import WriteReport, chunk_shape, write_array
-from .encoders import CPUEncoder, GPUEncoder, Recipe, SharedEncoder, Unsupported, recipe_of
+from .chunks import WriteReport, write_array
+from .encoders import CPUEncoder, GPUEncoder, Recipe, SharedEncoder, Unsupported, chunk_shape, recipe_of
 
 _recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
 
@@ -91,17 +91,17 @@ def _engine_writes(var: xr.Variable, encoding: dict) -> bool:
 
 def _transforms(var: xr.Variable, enc: dict) -> bool:
     """Whether an encoding changes the values xarray writes (a scale, an offset, another
-    dtype, a fill value on integers) or their layout (sharding, array-to-array filters): such
-    variables are written by xarray, from a host copy. An encoding read from a store (its
-    dtype, ``shards=None``, no filters) changes nothing."""
+    dtype, a fill value on integers) or their layout (array-to-array filters): such variables
+    are written by xarray, from a host copy. An encoding read from a store (its dtype, no
+    filters) changes nothing; sharding is the engine's (:func:`.encoders.recipe_of`)."""
     if any(enc.get(k) is not None for k in ("scale_factor", "add_offset", "missing_value")):
         return True
     if enc.get("dtype") is not None and np.dtype(enc["dtype"]) != var.dtype:
         return True
-    if enc.get("shards") or enc.get("filters"):
+    if enc.get("filters"):
         return True
     serializer = enc.get("serializer")
-    if serializer is not None and type(serializer).__name__ != "BytesCodec":
+    if serializer is not None and type(serializer).__name__ not in ("BytesCodec", "ShardingCodec"):
         return True
     fill = enc.get("_FillValue", var.attrs.get("_FillValue"))
     return fill is not None and not (var.dtype.kind in "fc" and bool(np.isnan(fill)))

@@ -12,6 +12,7 @@ zarr array's metadata.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.io import kept_pool
+from ..engine.spec import ShardLayout
 from .nvcomp import MAX_CHUNK_BYTES, batched_encoder
 
 
@@ -27,10 +29,21 @@ class Unsupported(Exception):
 
 
 @dataclass(frozen=True)
+class ShardRecipe:
+    """How a zarr v3 shard holds its inner chunks: their shape, the index's place and checksum
+    (:class:`~cupy_xarray.engine.spec.ShardLayout`), and the order the chunks are stored in
+    (flat C-order positions in the shard's grid of inner chunks: zarr-python's order)."""
+
+    layout: ShardLayout
+    inner: tuple[int, ...]
+    order: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Recipe:
     """What turns a chunk's elements into its file: byte order and element order, an optional
     compressor (a zstd frame, or another numcodecs codec CPU threads run), an optional crc32c
-    after it."""
+    after it; for a sharded array, what makes each inner chunk's bytes, and ``shard``."""
 
     big_endian: bool = False
     order: str = "C"
@@ -41,6 +54,7 @@ class Recipe:
     host_codec: Any = None
     #: zarr v2 hands its compressor the chunk as an array of its dtype (Blosc's typesize)
     typed: Any = None
+    shard: ShardRecipe | None = None
 
     @property
     def compressed(self) -> bool:
@@ -58,7 +72,8 @@ def _numcodecs_of(codec: Any) -> Any:
 
 def recipe_of(meta: Any) -> Recipe:
     """The recipe of a zarr v2 or v3 array's metadata; :class:`Unsupported` where its chain is
-    not bytes -> [zstd] -> [crc32c] (v3) or [Zstd compressor], no filters (v2)."""
+    not bytes -> [a compressor] -> [crc32c] (v3, or that chain inside sharding whose index is
+    little-endian bytes [with crc32c]) or [a compressor], no filters (v2)."""
     import numcodecs
 
     if getattr(meta, "zarr_format", 3) == 2:
@@ -80,6 +95,57 @@ def recipe_of(meta: Any) -> Recipe:
     import zarr
 
     codecs = list(meta.codecs)
+    if codecs and isinstance(codecs[0], zarr.codecs.ShardingCodec):
+        if len(codecs) > 1:
+            raise Unsupported("codecs after sharding")
+        inner = _chain_v3(list(codecs[0].codecs))
+        return dataclasses.replace(inner, shard=_shard_recipe(codecs[0], chunk_shape(meta)))
+    return _chain_v3(codecs)
+
+
+def chunk_shape(meta: Any) -> tuple[int, ...]:
+    """The shape of a zarr array's chunks (of its shards, where it is sharded)."""
+    grid = getattr(meta, "chunk_grid", None)
+    return tuple(grid.chunk_shape) if grid is not None else tuple(meta.chunks)
+
+
+def _shard_recipe(codec: Any, shard_shape: tuple[int, ...]) -> ShardRecipe:
+    import zarr
+
+    index = list(codec.index_codecs)
+    endian = getattr(index[0].endian, "value", index[0].endian) if index else None
+    crc = len(index) == 2 and isinstance(index[1], zarr.codecs.Crc32cCodec)
+    if not index or not isinstance(index[0], zarr.codecs.BytesCodec) or endian == "big":
+        raise Unsupported(f"shard index codecs {index!r}")
+    if len(index) > 2 or (len(index) == 2 and not crc):
+        raise Unsupported(f"shard index codecs {index!r}")
+    inner = tuple(int(c) for c in codec.chunk_shape)
+    per_shard = tuple(s // c for s, c in zip(shard_shape, inner))
+    location = str(getattr(codec.index_location, "value", codec.index_location))
+    layout = ShardLayout(tuple(shard_shape), location == "start", crc)
+    return ShardRecipe(layout, inner, _stored_order(codec, per_shard))
+
+
+def _stored_order(codec: Any, per_shard: tuple[int, ...]) -> tuple[int, ...]:
+    """The order zarr-python stores a shard's inner chunks in (Morton order, or the codec's
+    ``subchunk_write_order`` where this zarr has one), as flat C-order positions."""
+    pick = getattr(codec, "_subchunk_order_iter", None)
+    if pick is not None:
+        coords = list(pick(per_shard, codec.subchunk_write_order))
+    else:
+        from zarr.core.indexing import morton_order_iter
+
+        coords = list(morton_order_iter(per_shard))
+    flat = np.ravel_multi_index(np.asarray(coords, dtype=np.intp).reshape(-1, len(per_shard)).T, per_shard)
+    if sorted(flat.tolist()) != list(range(int(np.prod(per_shard)))):
+        raise Unsupported(f"inner chunk order of {codec!r}")
+    return tuple(int(i) for i in flat)
+
+
+def _chain_v3(codecs: list) -> Recipe:
+    """The recipe of a zarr v3 codec chain: bytes -> [a compressor] -> [crc32c]."""
+    import zarr
+
     first = codecs.pop(0) if codecs else None
     if not isinstance(first, zarr.codecs.BytesCodec):
         raise Unsupported(f"first codec {first!r}")
