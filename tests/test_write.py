@@ -902,3 +902,16 @@ def test_gpu_sharded_writes(tmp_path, monkeypatch, chain, where, batch):
         assert_same_files(tmp_path / "x.zarr", tmp_path / "g.zarr")
     back = xr.open_dataset(tmp_path / "g.zarr", engine="kvikio").load()
     xr.testing.assert_identical(back.cupy.as_numpy(), want)
+
+
+@pytest.mark.gpu
+def test_gpu_shards_beyond_nvcomps_chunk_limit_are_compressed_by_nvcomp(tmp_path):
+    """nvCOMP compresses streams of at most 16 MiB: a 32 MiB shard of 4 MiB zstd chunks is
+    compressed by it all the same (its streams are the inner chunks)."""
+    ds = _dataset("f4", (8, 1024, 1024), holes=False)
+    enc = {"v": {"chunks": (4, 512, 512), "shards": (8, 1024, 1024), "compressors": _chains(3)["zstd-1"]}}
+    with record_writes() as reports:
+        ds.cupy.as_cupy().cupy.to_zarr(tmp_path / "g.zarr", encoding=enc)
+    assert reports[0].encoder == "gpu" and reports[0].chunks == 4, str(reports[0])
+    want = ds.v.values
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "g.zarr", path="v")[...], want)

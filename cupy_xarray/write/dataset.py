@@ -403,7 +403,8 @@ class _ChunkWriter:
     ) -> None:
         """Write the chunks ``data`` covers (from chunk ``origin`` on) from where it lies."""
         xp = _xp(data)
-        chunk_bytes = int(np.prod(chunk_shape(meta))) * data.dtype.itemsize
+        inner = recipe.shard.inner if recipe.shard is not None else chunk_shape(meta)
+        chunk_bytes = int(np.prod(inner)) * data.dtype.itemsize  # what the encoder makes a stream of
         encoder = self.encoder_for(xp is not np, recipe, chunk_bytes, int(data.nbytes))
         part = WriteReport(arrays=[name])  # its path in the store
         where = self.root / name
