@@ -5,10 +5,11 @@ encoding, coordinates, consolidated metadata) exactly as ``Dataset.to_zarr`` doe
 numeric variables is then written chunk by chunk from where it lies (:mod:`.chunks`): zstd
 chunks of GPU data through nvCOMP, every other compressor and host data through numcodecs on
 CPU threads; dask arrays a task per block, under dask's threaded or synchronous scheduler.
-Appends (``append_dim``) and ``region=`` writes of slices go the same way where the data
-begin and end on chunk boundaries, into the root or a ``group=``, and so does every group of a
-DataTree. Everything else (dask under other schedulers, CF transforms of the values, filters,
-sharding, remote stores, ``mode="a"`` without ``append_dim``, ``region="auto"``, appends and
+Sharded arrays are written a whole shard at a time. Appends (``append_dim``) and ``region=``
+writes of slices go the same way where the data begin and end on chunk (shard) boundaries,
+into the root or a ``group=``, and so does every group of a DataTree. Everything else (dask
+under other schedulers, CF transforms of the values, filters, shard indexes the engine does
+not write, remote stores, ``mode="a"`` without ``append_dim``, ``region="auto"``, appends and
 regions across chunk boundaries) is written by xarray from host copies.
 """
 
