@@ -5,7 +5,8 @@ Usage (GPU machine)::
     python benchmarks/write_patterns.py --dir /tmp/wbench --size-gib 4
 
 A float32 ``(T, 2048, 2048)`` Dataset of smooth data in GPU memory (cupy), written in 4 MiB
-tiles ``(4, 512, 512)``, uncompressed, zstd-1, Blosc LZ4 + shuffle and numcodecs LZ4, and
+tiles ``(4, 512, 512)``, uncompressed, zstd-1, Blosc LZ4 + shuffle, numcodecs LZ4, Blosc zstd
+(level 5, zarr's default) + shuffle, and
 the same tiles in 64 MiB shards ``(16, 1024, 1024)`` (uncompressed and zstd-1), by:
 
 - ``engine``: ``ds.cupy.to_zarr(path, encoding=...)``;
@@ -47,6 +48,10 @@ def codecs() -> dict:
             "compressors": zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
         },
         "lz4": {"chunks": TILE, "compressors": zn.LZ4()},
+        "blosc-zstd": {
+            "chunks": TILE,
+            "compressors": zarr.codecs.BloscCodec(cname="zstd", shuffle="shuffle"),
+        },
         "uncompressed-sharded": {"chunks": TILE, "shards": SHARD, "compressors": None},
         "zstd-1-sharded": {"chunks": TILE, "shards": SHARD, "compressors": zstd},
     }

@@ -16,6 +16,9 @@ import xarray as xr
 import zarr
 
 from cupy_xarray import record_writes
+from cupy_xarray.device import resolve_device
+from cupy_xarray.engine import array_spec, read_arrays
+from cupy_xarray.write import encoders
 
 
 def _files(root: Path) -> dict[str, Path]:
@@ -71,6 +74,7 @@ def _chains(fmt: int) -> dict[str, object]:
             "zstd-1": numcodecs.Zstd(1),
             "zstd-3": numcodecs.Zstd(3),
             "blosc-lz4": numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE),
+            "blosc-zstd": numcodecs.Blosc("zstd", 3, numcodecs.Blosc.SHUFFLE),
             "gzip": numcodecs.GZip(1),
             "zlib": numcodecs.Zlib(1),
             "lz4": numcodecs.LZ4(),
@@ -86,6 +90,10 @@ def _chains(fmt: int) -> dict[str, object]:
         "crc32c": [zarr.codecs.Crc32cCodec()],
         "lz4+crc32c": [zn.LZ4(), zarr.codecs.Crc32cCodec()],
         "blosc-lz4": zarr.codecs.BloscCodec(cname="lz4", shuffle="shuffle"),
+        "blosc-zstd": [
+            zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"),
+            zarr.codecs.Crc32cCodec(),
+        ],
         "blosc-zstd-bitshuffle": zarr.codecs.BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"),
         "gzip+crc32c": [zarr.codecs.GzipCodec(level=1), zarr.codecs.Crc32cCodec()],
     }
@@ -94,7 +102,7 @@ def _chains(fmt: int) -> dict[str, object]:
 CASES = [(fmt, name) for fmt in (2, 3) for name in _chains(fmt)]
 #: chains whose chunks nvCOMP encodes from GPU data (every other one: CPU threads, a batch copied
 #: to the host at a time); their files differ from libzstd's and liblz4's but read the same
-NVCOMP_CHAINS = {"zstd-1", "zstd-3", "zstd-0", "zstd+crc32c", "lz4", "lz4+crc32c"}
+NVCOMP_CHAINS = {"zstd-1", "zstd-3", "zstd-0", "zstd+crc32c", "lz4", "lz4+crc32c", "blosc-zstd"}
 
 
 @pytest.fixture(autouse=True)
@@ -550,6 +558,77 @@ def test_sharding_the_engine_does_not_write_is_xarrays(tmp_path):
         assert_same_files(tmp_path / f"x-{name}.zarr", tmp_path / f"e-{name}.zarr")
 
 
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("dtype", ["f4", "i2", "f8", "u1"])
+@pytest.mark.parametrize("shuffle", [0, 1])
+def test_blosc_chunks_of_one_zstd_block_read_as_written(tmp_path, fmt, dtype, shuffle):
+    """The Blosc chunks the GPU writes (one block each: the chunk byte-shuffled, one zstd
+    stream, or the chunk as it is where that is no larger), made here with numcodecs' zstd:
+    zarr-python, numcodecs and the engine read what was written."""
+    from cupy_xarray.engine.decoders import blosc as eb
+
+    values = (np.sin(np.arange(6 * 40 * 64) / 90).reshape(6, 40, 64) * 100).astype(dtype)
+    noise = np.random.default_rng(0).integers(0, 256, 3 * 20 * 64 * values.itemsize, dtype=np.uint8)
+    values[3:, 20:] = noise.view(dtype).reshape(3, 20, 64)  # a chunk no smaller compressed
+    codec = numcodecs.Blosc("zstd", 3, shuffle) if fmt == 2 else None
+    if fmt == 3:
+        codec = zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="shuffle" if shuffle else "noshuffle")
+    path = tmp_path / "a.zarr"
+    chunks = (3, 20, 64)
+    arr = zarr.create_array(
+        path, shape=values.shape, chunks=chunks, dtype=dtype, compressors=codec, zarr_format=fmt
+    )
+    recipe = encoders.recipe_of(arr.metadata)
+    typesize, shuffled = encoders.blosc_zstd(recipe)
+    assert typesize == (np.dtype(dtype).itemsize if fmt == 2 or numcodecs.__version__ >= "0.16" else 1)
+    assert shuffled == bool(shuffle)
+    where = [(i, j) for i in (0, 1) for j in (0, 1)]
+    rows = np.stack(
+        [values[i * 3 : i * 3 + 3, j * 20 : j * 20 + 20].reshape(-1).view(np.uint8) for i, j in where]
+    )
+    nbytes = rows.shape[1]
+    streams = rows.copy()
+    if shuffled:
+        eb.shuffle_rows(rows, streams, nbytes, typesize)
+    kinds = set()
+    for k, (i, j) in enumerate(where):
+        stream = numcodecs.Zstd(1).encode(streams[k].tobytes())
+        if eb.one_block_fits(nbytes, len(stream)):
+            chunk = eb.one_block_prefix(nbytes, typesize, shuffled, len(stream)) + stream
+        else:
+            chunk = eb.memcpyed_prefix(nbytes, typesize) + rows[k].tobytes()
+        kinds.add(eb.one_block_fits(nbytes, len(stream)))
+        assert np.array_equal(np.frombuffer(numcodecs.Blosc().decode(chunk), np.uint8), rows[k])
+        (path / arr.metadata.encode_chunk_key((i, j, 0))).parent.mkdir(parents=True, exist_ok=True)
+        (path / arr.metadata.encode_chunk_key((i, j, 0))).write_bytes(chunk)
+    assert kinds == {True, False}, kinds  # both kinds of chunk
+    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], values)
+    spec = array_spec(zarr.open_array(path, mode="r"))
+    (got,) = read_arrays([(spec, (slice(None),) * 3)], resolve_device("cpu"))
+    np.testing.assert_array_equal(got, values)
+
+
+@pytest.mark.parametrize(
+    "make,want",
+    [
+        (lambda: numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE), (4, True)),
+        (lambda: numcodecs.Blosc("zstd", 1, numcodecs.Blosc.NOSHUFFLE), (4, False)),
+        (lambda: numcodecs.Blosc("zstd", 5, numcodecs.Blosc.BITSHUFFLE), None),
+        (lambda: numcodecs.Blosc("zstd", 5, numcodecs.Blosc.AUTOSHUFFLE), None),
+        (lambda: numcodecs.Blosc("zstd", 0, numcodecs.Blosc.SHUFFLE), None),
+        (lambda: numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE, blocksize=65536), None),
+        (lambda: numcodecs.Blosc("lz4", 5, numcodecs.Blosc.SHUFFLE), None),
+        (lambda: numcodecs.Zlib(1), None),
+    ],
+)
+def test_which_blosc_chunks_nvcomp_may_make(make, want):
+    """Blosc with zstd streams, byte shuffle or none, at a level and block size of Blosc's
+    choosing: nvCOMP's (one block a chunk); the rest CPU threads'."""
+    recipe = encoders.Recipe(host_codec=make(), typed=np.dtype("f4"))
+    assert encoders.blosc_zstd(recipe) == want
+    assert (encoders.GPUEncoder.algorithm(recipe) == "Zstd") == (want is not None)
+
+
 def test_an_append_encoded_by_the_stored_variable_is_xarrays(tmp_path):
     """xarray encodes appended values with the stored variable's encoding (here a scale and
     an integer dtype): the engine leaves such appends to it."""
@@ -856,7 +935,14 @@ def test_gpu_dask_blocks_are_written_by_the_engine(tmp_path, chain):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "fmt,chain,endian",
-    [(3, "none", "big"), (3, "zstd+crc32c", "big"), (3, "zstd-1", "little"), (2, "lz4", "")],
+    [
+        (3, "none", "big"),
+        (3, "zstd+crc32c", "big"),
+        (3, "zstd-1", "little"),
+        (2, "lz4", ""),
+        (3, "blosc-zstd", "big"),
+        (2, "blosc-zstd", ""),
+    ],
 )
 @pytest.mark.parametrize("dtype", ["f4", "f8", "i2"])
 def test_gpu_chunks_of_odd_sizes(tmp_path, fmt, chain, endian, dtype):
@@ -877,7 +963,9 @@ def test_gpu_chunks_of_odd_sizes(tmp_path, fmt, chain, endian, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("chain", ["none", "crc32c", "zstd-1", "zstd+crc32c", "lz4+crc32c", "blosc-lz4"])
+@pytest.mark.parametrize(
+    "chain", ["none", "crc32c", "zstd-1", "zstd+crc32c", "lz4+crc32c", "blosc-lz4", "blosc-zstd"]
+)
 @pytest.mark.parametrize("where", ["end", "start"])
 @pytest.mark.parametrize("batch", [4, 512], ids=["a-shard-a-batch", "one-batch"])
 def test_gpu_sharded_writes(tmp_path, monkeypatch, chain, where, batch):
@@ -915,3 +1003,24 @@ def test_gpu_shards_beyond_nvcomps_chunk_limit_are_compressed_by_nvcomp(tmp_path
     assert reports[0].encoder == "gpu" and reports[0].chunks == 4, str(reports[0])
     want = ds.v.values
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "g.zarr", path="v")[...], want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_gpu_blosc_zstd_chunks_say_what_zarr_pythons_say(tmp_path, fmt):
+    """Blosc zstd chunks made by nvCOMP: the element size and shuffle zarr-python's chunks
+    declare, one zstd block each, and values equal to what was written."""
+    ds = _dataset("f4", (8, 64, 96), holes=False)
+    enc = {"v": {"chunks": (4, 32, 96), "compressors": _chains(fmt)["blosc-zstd"]}}
+    with record_writes() as reports:
+        ds.cupy.as_cupy().cupy.to_zarr(tmp_path / "g.zarr", zarr_format=fmt, encoding=enc)
+    assert reports[0].encoder == "gpu", str(reports[0])
+    ds.to_zarr(tmp_path / "x.zarr", zarr_format=fmt, encoding=enc)
+    mine, theirs = _files(tmp_path / "g.zarr"), _files(tmp_path / "x.zarr")
+    key = next(k for k in theirs if k.startswith("v/") and "zarr" not in k and ".z" not in k)
+    a, b = mine[key].read_bytes(), theirs[key].read_bytes()
+    assert a[3] == b[3] == 4 and (a[2] & 1) == (b[2] & 1) == 1, (a[:16], b[:16])  # typesize, shuffle
+    assert a[2] & 0x12 == 0x10 and a[2] >> 5 == 4  # one stream a block, not stored as is; zstd
+    assert int.from_bytes(a[8:12], "little") == 4 * 32 * 96 * 4  # one block: the whole chunk
+    want = xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load()
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)

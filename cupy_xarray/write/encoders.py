@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.decoders import blosc as blosc_format
 from ..engine.io import kept_pool
 from ..engine.spec import ShardLayout
 from .nvcomp import MAX_CHUNK_BYTES, batched_encoder
@@ -297,8 +298,9 @@ class GPUEncoder:
 
     @staticmethod
     def algorithm(recipe: Recipe) -> str | None:
-        """The nvCOMP algorithm that makes the recipe's streams, None for uncompressed chunks."""
-        if recipe.zstd_level is not None:
+        """The nvCOMP algorithm that makes the recipe's streams (Blosc's zstd streams too,
+        :func:`blosc_zstd`), None for uncompressed chunks."""
+        if recipe.zstd_level is not None or blosc_zstd(recipe) is not None:
             return "Zstd"
         if recipe.host_codec is not None and getattr(recipe.host_codec, "codec_id", "") == "lz4":
             return "LZ4"
@@ -361,17 +363,22 @@ class GPUEncoder:
                 return Encoded(chunks, _crc_list(crcs))
 
             return Pending(plain, buf.nbytes)
-        job = batched_encoder(algo).compress(buf, nbytes, stream)
+        blosc = blosc_zstd(recipe)
+        src = buf
+        if blosc is not None and blosc[1]:  # Blosc's byte shuffle, each chunk one block
+            src = cupy.empty_like(buf)
+            blosc_format.shuffle_rows(buf, src, nbytes, blosc[0])
+        job = batched_encoder(algo).compress(src, nbytes, stream)
         prefix = int(nbytes).to_bytes(4, "little") if algo == "LZ4" else b""  # numcodecs' LZ4 frame
         crcs = None
-        if recipe.crc32c and not prefix:  # (a prefixed block's crc32c covers its prefix)
+        if recipe.crc32c and not prefix and blosc is None:  # (a crc32c covers the prefix too)
             crcs = _crc32c_to_host(job.ptrs, job.sizes, n, job.out.strides[0], stream)
         sizes = pinned_host(8 * n).view(np.uint64)
         statuses = pinned_host(4 * n).view(np.int32)
         _copy_to_host(sizes.ctypes.data, job.sizes.data.ptr, 8 * n, stream)
         _copy_to_host(statuses.ctypes.data, job.statuses.data.ptr, 4 * n, stream)
         done = _record(stream)
-        held = [buf, empty]
+        held = [buf, empty, src]
 
         def compressed() -> Encoded:
             done.synchronize()
@@ -385,12 +392,54 @@ class GPUEncoder:
                     int(bad[0]), f"nvCOMP {algo} could not compress it ({status_text(statuses[bad[0]])})"
                 )
             slot = job.out.strides[0]
+            if blosc is not None:
+                chunks = [
+                    _blosc_chunk(job.out, k * slot, int(sizes[k]), buf, k * row, nbytes, blosc)
+                    for k in range(n)
+                ]
+                return Encoded([c if keep[k] else None for k, c in enumerate(chunks)])
             chunks = [
                 DeviceChunk(job.out, k * slot, int(sizes[k]), prefix) if keep[k] else None for k in range(n)
             ]
             return Encoded(chunks, _crc_list(crcs))
 
-        return Pending(compressed, buf.nbytes + job.out.nbytes + job.keep[2].nbytes)
+        held_bytes = buf.nbytes + job.out.nbytes + job.keep[2].nbytes
+        return Pending(compressed, held_bytes + (src.nbytes if src is not buf else 0))
+
+
+def blosc_zstd(recipe: Recipe) -> tuple[int, bool] | None:
+    """``(typesize, byte shuffle)`` where the recipe's compressor is Blosc with zstd streams
+    whose chunks nvCOMP may make (written as one block each: a layout every Blosc reader
+    decodes), without bit shuffle, the automatic shuffle or a block size asked for; else None."""
+    codec = recipe.host_codec
+    if codec is None or getattr(codec, "codec_id", "") != "blosc":
+        return None
+    cfg = codec.get_config()
+    cname = cfg.get("cname")
+    cname = cname.decode() if isinstance(cname, bytes) else cname
+    if (
+        cname != "zstd"
+        or cfg.get("clevel", 0) < 1
+        or cfg.get("blocksize", 0)
+        or cfg.get("shuffle") not in (0, 1)
+    ):
+        return None
+    # numcodecs takes the element size from the codec (zarr v3), else from the array it is given (v2)
+    typesize = getattr(codec, "_typesize", None) or getattr(codec, "typesize", None)
+    if not typesize:
+        typesize = recipe.typed.itemsize if recipe.typed is not None else 1
+    return int(typesize), cfg["shuffle"] == 1
+
+
+def _blosc_chunk(
+    out: Any, at: int, csize: int, rows: Any, row_at: int, nbytes: int, blosc: tuple
+) -> DeviceChunk:
+    """A Blosc chunk of one zstd block, or of the chunk's bytes as they are where the stream
+    is no smaller than them."""
+    typesize, shuffled = blosc
+    if blosc_format.one_block_fits(nbytes, csize):
+        return DeviceChunk(out, at, csize, blosc_format.one_block_prefix(nbytes, typesize, shuffled, csize))
+    return DeviceChunk(rows, row_at, nbytes, blosc_format.memcpyed_prefix(nbytes, typesize))
 
 
 class DeviceChunk:

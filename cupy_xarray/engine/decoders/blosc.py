@@ -216,6 +216,41 @@ def layout(read_u32: Any, starts: np.ndarray, lengths: np.ndarray, expected: int
     )  # fmt: skip
 
 
+def one_block_prefix(nbytes: int, typesize: int, shuffled: bool, csize: int) -> bytes:
+    """What precedes the zstd stream of a Blosc chunk written as one block: the header (format
+    2, zstd, byte shuffle or none, one stream), the block's start and the stream's size."""
+    flags = (_SHUFFLE if shuffled and typesize > 1 else 0) | _DONT_SPLIT | (4 << 5)
+    head = struct.pack("<BBBBIII", 2, 1, flags, typesize, nbytes, nbytes, 24 + csize)
+    return head + struct.pack("<Ii", 24 - 4, csize)
+
+
+def one_block_fits(nbytes: int, csize: int) -> bool:
+    """Whether a ``csize``-byte stream makes a one-block chunk of ``nbytes`` smaller than the
+    chunk stored as is (else it is: a stream is never longer than its block)."""
+    return 24 + csize <= 16 + nbytes
+
+
+def memcpyed_prefix(nbytes: int, typesize: int) -> bytes:
+    """The header of a Blosc chunk stored as is (what compresses no smaller than itself)."""
+    return struct.pack(
+        "<BBBBIII", 2, 1, _MEMCPYED | _DONT_SPLIT | (4 << 5), typesize, nbytes, nbytes, 16 + nbytes
+    )
+
+
+def shuffle_rows(src: Any, dst: Any, nbytes: int, typesize: int) -> None:
+    """Blosc's byte shuffle of the first ``nbytes`` of each row of ``src`` (uint8, NumPy or
+    cupy) into ``dst``, each row one block: byte ``k`` of every element together, in element
+    order, then the bytes that make no whole element as they are."""
+    m = nbytes // typesize
+    whole = m * typesize
+    rows = src.shape[0]
+    dst[:, :whole].reshape(rows, typesize, m)[...] = (
+        src[:, :whole].reshape(rows, m, typesize).transpose(0, 2, 1)
+    )
+    if whole < nbytes:
+        dst[:, whole:nbytes] = src[:, whole:nbytes]
+
+
 def unshuffle_block(shuffled: np.ndarray, typesize: int, mode: int) -> np.ndarray:
     """Undo Blosc's byte or bit shuffle of one block (NumPy; the GPU kernel's twin)."""
     size = len(shuffled)
