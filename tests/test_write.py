@@ -1000,7 +1000,7 @@ def test_gpu_shards_beyond_nvcomps_chunk_limit_are_compressed_by_nvcomp(tmp_path
     enc = {"v": {"chunks": (4, 512, 512), "shards": (8, 1024, 1024), "compressors": _chains(3)["zstd-1"]}}
     with record_writes() as reports:
         ds.cupy.as_cupy().cupy.to_zarr(tmp_path / "g.zarr", encoding=enc)
-    assert reports[0].encoder == "gpu" and reports[0].chunks == 4, str(reports[0])
+    assert reports[0].encoder == "gpu" and reports[0].chunks == 8, str(reports[0])
     want = ds.v.values
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "g.zarr", path="v")[...], want)
 
