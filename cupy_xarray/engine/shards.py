@@ -1,4 +1,5 @@
-"""Zarr v3 sharding: read a shard's index and find its inner chunks' byte ranges.
+"""Zarr v3 sharding: read a shard's index and find its inner chunks' byte ranges (and encode
+an index, for the writer).
 
 Shard indexes are small, so they are always read on the host with ``os.pread`` and
 checked there (crc32c), whatever the output device.
