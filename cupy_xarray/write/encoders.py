@@ -328,6 +328,9 @@ class GPUEncoder:
         free, _ = cupy.cuda.runtime.memGetInfo()
         free += cupy.get_default_memory_pool().free_bytes()
         per_chunk = stride  # the row; compressed: its output slot and nvCOMP's scratch
+        blosc = blosc_zstd(recipe)
+        if blosc is not None and blosc[1]:
+            per_chunk += stride  # the row shuffled
         algo = self.algorithm(recipe)
         if algo is not None:
             enc = batched_encoder(algo)
