@@ -115,6 +115,16 @@ def _nvcomp_for_small_writes(request, monkeypatch):
         monkeypatch.setattr(encoders, "GPU_MIN_BYTES", 0)
 
 
+@pytest.fixture(autouse=True)
+def _engine_for_small_datasets(request, monkeypatch):
+    """The tests write small Datasets: through the engine, as large ones are (a Dataset of
+    fewer than ``SMALL_WRITE_BYTES`` is otherwise written by xarray)."""
+    if not request.node.get_closest_marker("small_datasets"):
+        from cupy_xarray.write import dataset
+
+        monkeypatch.setattr(dataset, "SMALL_WRITE_BYTES", 0)
+
+
 def _gpu_encoder(chain: str) -> str:
     """The encoder of GPU data: nvCOMP sharing batches with CPU threads, nvCOMP (uncompressed
     and crc32c chunks), or CPU threads."""
@@ -871,6 +881,33 @@ def test_gpu_zstd_frames_are_what_zstd_readers_decode(tmp_path):
     reference = sum(p.stat().st_size for p in _files(tmp_path / "x.zarr" / "v").values())
     assert stored < 1.5 * reference, (stored, reference)  # compressed, not stored raw
     assert cupy.cuda.runtime.getDeviceCount() >= 1
+
+
+@pytest.mark.small_datasets
+@pytest.mark.parametrize("where", ["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_a_small_dataset_is_written_by_xarray(tmp_path, where):
+    """A Dataset of fewer than SMALL_WRITE_BYTES (eager): xarray's write of host copies, its
+    report says so; a larger one, or one in dask blocks, the engine's."""
+    from cupy_xarray.write import dataset
+
+    ds = _dataset("f4", (8, 32, 48))
+    data = ds.cupy.as_cupy() if where == "gpu" else ds
+    enc = {"v": {"chunks": (2, 16, 16), "compressors": zarr.codecs.ZstdCodec(level=1)}}
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    with record_writes() as reports:
+        data.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    (report,) = reports
+    assert report.arrays == [] and "written by xarray" in report.notes[0], str(report)
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    assert ds.nbytes < dataset.SMALL_WRITE_BYTES
+    big = _dataset("f4", (8, 512, 600), holes=False)  # 9.8 MB
+    assert big.nbytes >= dataset.SMALL_WRITE_BYTES
+    if where == "gpu":
+        big = big.cupy.as_cupy()
+    for part, name in ((big, "big"), (ds.chunk({"t": 2}), "lazy")):
+        with record_writes() as reports:
+            part.cupy.to_zarr(tmp_path / f"{name}.zarr", encoding=enc)
+        assert reports[0].arrays == ["v"], (name, str(reports[0]))
 
 
 def test_a_dataset_read_from_a_store_is_written_by_the_engine(tmp_path):
