@@ -549,6 +549,27 @@ def test_sharded_writes_in_grid_rows_dask_blocks_appends_and_regions(tmp_path, m
     )
 
 
+@pytest.mark.parametrize("empty", [True, False, None])
+@pytest.mark.parametrize("shards", [None, (4, 16, 16)])
+def test_write_empty_chunks_is_honoured(tmp_path, empty, shards):
+    """``write_empty_chunks=True``: chunks (and inner chunks, and shards) of the fill value
+    only are written, as xarray writes them; False or not given: left out. An append too."""
+    ds = _dataset("f4", (8, 32, 48))  # NaN in y < 10: whole (inner) chunks of 2 x 8 x 8 of it
+    enc = {"v": {"chunks": (2, 8, 8), "shards": shards}}
+    kw = {} if empty is None else {"write_empty_chunks": empty}
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc, **kw)
+    with record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc, **kw)
+    assert (reports[0].empty == 0) == bool(empty), str(reports[0])
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    more = _dataset("f4", (4, 32, 48), seed=4).assign_coords(t=np.arange(8, 12))
+    more.to_zarr(tmp_path / "x.zarr", append_dim="t", **kw)
+    with record_writes() as reports:
+        more.cupy.to_zarr(tmp_path / "e.zarr", append_dim="t", **kw)
+    assert reports[0].arrays == ["v"], str(reports[0])
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
 def test_sharding_the_engine_does_not_write_is_xarrays(tmp_path):
     """A shard index the engine does not write (big-endian), sharding inside sharding: xarray
     writes those arrays, the same files."""

@@ -253,13 +253,16 @@ def write_array(
     report: WriteReport,
     origin: tuple[int, ...] | None = None,
     overwrite: bool = False,
+    write_empty: bool | None = None,
 ) -> None:
     """Write the chunks of the zarr array in ``directory`` (created already, its metadata
     ``meta``, its codec chain ``recipe``) that ``data`` (a numpy or cupy array, as ``xp``)
     covers: all of them, or from chunk ``origin`` of its grid on (a dask block: its ends on
     chunk boundaries or the array's). ``overwrite``: chunks may be there already (an append, a
     region): the file of a chunk that now holds only the fill value is deleted, as zarr-python
-    does. A sharded array is written a whole shard at a time (``origin`` counts shards): its
+    does. ``write_empty``: chunks of the fill value only are written too (``to_zarr``'s
+    ``write_empty_chunks``; None: zarr's ``array.write_empty_chunks``, False by default). A
+    sharded array is written a whole shard at a time (``origin`` counts shards): its
     inner chunks are the rows, gathered, checked and encoded as chunks are, then written as
     one file with their index.
 
@@ -279,7 +282,9 @@ def write_array(
         raise ValueError(f"{directory}: data of shape {data.shape} from chunk {origin} outside {meta.shape}")
     native = data.dtype.newbyteorder("=")
     fill = np.asarray(meta.fill_value, dtype=native)[()] if meta.fill_value is not None else None
-    check_empty = fill is not None and not bool(zarr.config.get("array.write_empty_chunks", False))
+    if write_empty is None:
+        write_empty = bool(zarr.config.get("array.write_empty_chunks", False))
+    check_empty = fill is not None and not write_empty
     pad = fill if fill is not None else np.zeros((), native)[()]
     grid = [range(-(-n // c)) for n, c in zip(data.shape, unit)]
     indexes = list(np.ndindex(*[len(g) for g in grid])) if data.ndim else [()]

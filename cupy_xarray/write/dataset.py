@@ -374,7 +374,9 @@ def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
 def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool, kwargs: dict) -> Any:
     """The engine's part of a write whose metadata xarray wrote: every node's chunks, then the
     dask variables xarray writes again."""
-    writer = _ChunkWriter(root, _threads(), overwrite=kind != "new")
+    writer = _ChunkWriter(
+        root, _threads(), overwrite=kind != "new", write_empty=kwargs.get("write_empty_chunks")
+    )
     file(_recorders, writer.report)
     tasks = []
     for node in nodes:
@@ -414,9 +416,12 @@ class _ChunkWriter:
     """The engine's side of one ``to_zarr`` call: its encoders, its file threads, its report
     (every array's and dask block's write counted in it)."""
 
-    def __init__(self, root: Path, threads: int, overwrite: bool = False) -> None:
+    def __init__(
+        self, root: Path, threads: int, overwrite: bool = False, write_empty: bool | None = None
+    ) -> None:
         self.root = root
         self.overwrite = overwrite
+        self.write_empty = write_empty  # to_zarr's write_empty_chunks
         self.gpu, self.cpu = GPUEncoder(threads), CPUEncoder(threads)
         self.shared = SharedEncoder(self.gpu, self.cpu)
         self.pool = kept_pool("write", threads)
@@ -433,7 +438,9 @@ class _ChunkWriter:
         encoder = self.encoder_for(xp is not np, recipe, chunk_bytes, int(data.nbytes))
         part = WriteReport(arrays=[name])  # its path in the store
         where = self.root / name
-        write_array(where, meta, recipe, data, xp, encoder, self.pool, part, origin, self.overwrite)
+        write_array(
+            where, meta, recipe, data, xp, encoder, self.pool, part, origin, self.overwrite, self.write_empty
+        )
         with self._lock:
             self.report.add(part)
 
