@@ -19,7 +19,7 @@ import numpy as np
 
 
 def main() -> None:
-    from read_patterns import SIDE, store_specs, write_store
+    from read_patterns import pattern_store
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", default="/tmp/cupy-xarray-calls")
@@ -28,10 +28,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cuts", default="1,2,4", help="calls the frames are cut into")
     args = ap.parse_args()
-    specs = store_specs(max(4, int(args.size_gib * 2**30 / (SIDE * SIDE * 4))))
     for name in args.stores.split(","):
-        path = Path(args.dir) / (name.replace(" ", "-") + ".zarr")
-        write_store(path, specs[name])
+        path = pattern_store(args.dir, name, args.size_gib)
         measure(path, name, args.repeat, [int(c) for c in args.cuts.split(",")])
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 def main() -> None:
     import cupy
     import xarray as xr
-    from read_patterns import SIDE, store_specs, write_store
+    from read_patterns import pattern_store
 
     import cupy_xarray
 
@@ -29,10 +29,8 @@ def main() -> None:
     ap.add_argument("--no-sandbox", action="store_true", help="skip the decoder process alone")
     args = ap.parse_args()
     decodes = args.decodes.split(",")
-    specs = store_specs(max(4, int(args.size_gib * 2**30 / (SIDE * SIDE * 4))))
     for name in args.stores.split(","):
-        path = Path(args.dir) / (name.replace(" ", "-") + ".zarr")
-        write_store(path, specs[name])
+        path = pattern_store(args.dir, name, args.size_gib)
         for decode in decodes * 2:
             for exact in (False, True):
                 cupy.get_default_memory_pool().free_all_blocks()

@@ -80,7 +80,7 @@ def profile_store(name: str, path: Path, threads: int) -> None:
 
 
 def main() -> None:
-    from read_patterns import store_specs, write_store
+    from read_patterns import pattern_store
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/pat")
@@ -88,11 +88,8 @@ def main() -> None:
     ap.add_argument("--stores", default="lz4 tiles,zstd tiles")
     ap.add_argument("--threads", type=int, default=16)
     args = ap.parse_args()
-    t = max(8, int(args.size_gib * 2**30 / (2048 * 2048 * 4)) // 4 * 4)
-    specs = store_specs(t)
     for name in args.stores.split(","):
-        path = Path(args.dir) / (name.replace(" ", "-") + ".zarr")  # as read_patterns.py names it
-        write_store(path, specs[name])
+        path = pattern_store(args.dir, name, args.size_gib)
         profile_store(name, path, args.threads)
 
 

@@ -50,16 +50,10 @@ def main() -> None:
     args = ap.parse_args()
     paths = list(args.paths)
     if args.write:
-        from pathlib import Path
+        from read_patterns import pattern_store
 
-        from read_patterns import SIDE, store_specs, write_store
-
-        t = max(8, int(args.size_gib * 2**30 / (SIDE * SIDE * 4)) // 4 * 4)  # as read_patterns.py
-        specs = store_specs(t)
         for name in args.stores.split(","):
-            path = Path(args.write) / (name.strip().replace(" ", "-") + ".zarr")
-            write_store(path, specs[name.strip()])
-            paths.append(str(path))
+            paths.append(str(pattern_store(args.write, name, args.size_gib)))
     for path in paths:
         ds = xr.open_dataset(path, engine="kvikio")
         field = ds["field"]

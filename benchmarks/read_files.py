@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 
 def best(fn, repeat: int) -> float:
@@ -29,7 +28,7 @@ def main() -> None:
     import cupy
     import cupyx
     import kvikio
-    from read_patterns import SIDE, store_specs, write_store
+    from read_patterns import pattern_store
 
     from cupy_xarray.engine import io
 
@@ -41,9 +40,7 @@ def main() -> None:
     ap.add_argument("--threads", default="16,32")
     ap.add_argument("--cprofile", action="store_true", help="a host profile of two engine reads")
     args = ap.parse_args()
-    specs = store_specs(max(4, int(args.size_gib * 2**30 / (SIDE * SIDE * 4))))
-    path = Path(args.dir) / (args.store.replace(" ", "-") + ".zarr")
-    write_store(path, specs[args.store])
+    path = pattern_store(args.dir, args.store, args.size_gib)
     files = sorted(str(p) for p in (path / "field").rglob("*") if p.is_file() and p.name != "zarr.json")
     sizes = [os.stat(f).st_size for f in files]
     slots, off = [], 0

@@ -64,6 +64,15 @@ def store_specs(t: int) -> dict[str, dict]:
     }
 
 
+def pattern_store(root: Path | str, name: str, size_gib: float) -> Path:
+    """Store ``name`` of :func:`store_specs`, about ``size_gib`` of float32, under ``root``
+    (written there if missing): the path every benchmark that reads these stores uses."""
+    t = max(8, int(size_gib * 2**30 / (SIDE * SIDE * 4)) // 4 * 4)
+    path = Path(root) / (name.strip().replace(" ", "-") + ".zarr")
+    write_store(path, store_specs(t)[name.strip()])
+    return path
+
+
 def write_store(path: Path, spec: dict) -> None:
     import xarray as xr
 
@@ -455,14 +464,11 @@ def main() -> None:
     # and those of a dask mean through xarray (its first use compiles for seconds)
     small = xr.DataArray(da.from_array(cupy.ones((8, 64, 64), dtype=cupy.float32), chunks=(2, 64, 64)))
     _ = float(small.mean().data.compute())
-    t = max(8, int(args.size_gib * 2**30 / (SIDE * SIDE * 4)) // 4 * 4)
-    specs = store_specs(t)
-    names = list(specs) if args.stores == "all" else args.stores.split(",")
+    names = list(store_specs(8)) if args.stores == "all" else args.stores.split(",")
     results = []
     for name in names:
-        path = root / (name.replace(" ", "-") + ".zarr")
         t0 = time.time()
-        write_store(path, specs[name])
+        path = pattern_store(root, name, args.size_gib)
         print(f"{name}: written in {time.time() - t0:.0f} s", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             results.append(measure(name, path, args))
