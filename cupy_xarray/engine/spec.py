@@ -222,24 +222,38 @@ def _plain_codecs(codecs: tuple[Any, ...]) -> list[dict]:
     return out
 
 
+def sharding(
+    codecs: tuple[Any, ...], shard_shape: tuple[int, ...]
+) -> tuple[tuple[int, ...], list[dict], ShardLayout]:
+    """A sharded array's inner chunk shape, inner codecs (as dicts) and :class:`ShardLayout`,
+    from its codecs (a ``sharding_indexed`` codec alone); :class:`Unsupported` for codecs
+    after it, sharding inside it, or an index other than little-endian bytes [and crc32c]."""
+    codecs = _plain_codecs(codecs)
+    if len(codecs) > 1:
+        raise Unsupported("codecs after sharding")
+    conf = codecs[0]["configuration"]
+    inner = tuple(int(i) for i in conf["chunk_shape"])
+    inner_codecs = _plain_codecs(conf["codecs"])
+    if any(c["name"] == "sharding_indexed" for c in inner_codecs):
+        raise Unsupported("nested sharding")
+    index = [c["name"] for c in _plain_codecs(conf["index_codecs"])]
+    index_endian = _plain_codecs(conf["index_codecs"])[0]["configuration"].get("endian")
+    if index not in (["bytes"], ["bytes", "crc32c"]) or index_endian == "big":
+        raise Unsupported(f"shard index codecs {index}")
+    location = conf.get("index_location", "end")
+    location = str(getattr(location, "value", location))
+    return (
+        inner,
+        inner_codecs,
+        ShardLayout(tuple(shard_shape), location == "start", index == ["bytes", "crc32c"]),
+    )
+
+
 def _spec_v3(array: Any, dtype: np.dtype):
     codecs = _plain_codecs(array.metadata.codecs)
     if codecs and codecs[0]["name"] == "sharding_indexed":
-        if len(codecs) > 1:
-            raise Unsupported("codecs after sharding")
-        conf = codecs[0]["configuration"]
-        inner = tuple(int(i) for i in conf["chunk_shape"])
-        inner_codecs = _plain_codecs(conf["codecs"])
-        if any(c["name"] == "sharding_indexed" for c in inner_codecs):
-            raise Unsupported("nested sharding")
-        index = [c["name"] for c in _plain_codecs(conf["index_codecs"])]
-        index_endian = _plain_codecs(conf["index_codecs"])[0]["configuration"].get("endian")
-        if index not in (["bytes"], ["bytes", "crc32c"]) or index_endian == "big":
-            raise Unsupported(f"shard index codecs {index}")
         shard_shape = tuple(int(i) for i in array.shards)
-        location = conf.get("index_location", "end")
-        location = str(getattr(location, "value", location))
-        layout = ShardLayout(shard_shape, location == "start", index == ["bytes", "crc32c"])
+        inner, inner_codecs, layout = sharding(array.metadata.codecs, shard_shape)
         return inner, _recipe_v3(inner_codecs, inner, dtype), layout
     chunks = tuple(int(i) for i in array.chunks)
     return chunks, _recipe_v3(codecs, chunks, dtype), None

@@ -21,7 +21,8 @@ import numpy as np
 
 from ..engine.decoders import blosc as blosc_format
 from ..engine.io import kept_pool
-from ..engine.spec import ShardLayout
+from ..engine.spec import ShardLayout, sharding
+from ..engine.spec import Unsupported as ReadUnsupported
 from .nvcomp import MAX_CHUNK_BYTES, batched_encoder
 
 
@@ -99,8 +100,9 @@ def recipe_of(meta: Any) -> Recipe:
     if codecs and isinstance(codecs[0], zarr.codecs.ShardingCodec):
         if len(codecs) > 1:
             raise Unsupported("codecs after sharding")
+        shard = _shard_recipe(codecs[0], chunk_shape(meta))
         inner = _chain_v3(list(codecs[0].codecs))
-        return dataclasses.replace(inner, shard=_shard_recipe(codecs[0], chunk_shape(meta)))
+        return dataclasses.replace(inner, shard=shard)
     return _chain_v3(codecs)
 
 
@@ -111,19 +113,13 @@ def chunk_shape(meta: Any) -> tuple[int, ...]:
 
 
 def _shard_recipe(codec: Any, shard_shape: tuple[int, ...]) -> ShardRecipe:
-    import zarr
-
-    index = list(codec.index_codecs)
-    endian = getattr(index[0].endian, "value", index[0].endian) if index else None
-    crc = len(index) == 2 and isinstance(index[1], zarr.codecs.Crc32cCodec)
-    if not index or not isinstance(index[0], zarr.codecs.BytesCodec) or endian == "big":
-        raise Unsupported(f"shard index codecs {index!r}")
-    if len(index) > 2 or (len(index) == 2 and not crc):
-        raise Unsupported(f"shard index codecs {index!r}")
-    inner = tuple(int(c) for c in codec.chunk_shape)
+    """What the reader knows of the shard (:func:`~cupy_xarray.engine.spec.sharding`), and the
+    order its chunks are stored in."""
+    try:
+        inner, _, layout = sharding((codec,), shard_shape)
+    except ReadUnsupported as exc:
+        raise Unsupported(str(exc)) from exc
     per_shard = tuple(s // c for s, c in zip(shard_shape, inner))
-    location = str(getattr(codec.index_location, "value", codec.index_location))
-    layout = ShardLayout(tuple(shard_shape), location == "start", crc)
     return ShardRecipe(layout, inner, _stored_order(codec, per_shard))
 
 
