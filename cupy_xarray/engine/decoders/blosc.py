@@ -216,11 +216,15 @@ def layout(read_u32: Any, starts: np.ndarray, lengths: np.ndarray, expected: int
     )  # fmt: skip
 
 
+def _one_block_header(flags: int, typesize: int, nbytes: int, cbytes: int) -> bytes:
+    """A Blosc header (format 2) of a zstd chunk of one ``nbytes`` block, one stream a block."""
+    return struct.pack("<BBBBIII", 2, 1, flags | _DONT_SPLIT | (4 << 5), typesize, nbytes, nbytes, cbytes)
+
+
 def one_block_prefix(nbytes: int, typesize: int, shuffled: bool, csize: int) -> bytes:
-    """What precedes the zstd stream of a Blosc chunk written as one block: the header (format
-    2, zstd, byte shuffle or none, one stream), the block's start and the stream's size."""
-    flags = (_SHUFFLE if shuffled and typesize > 1 else 0) | _DONT_SPLIT | (4 << 5)
-    head = struct.pack("<BBBBIII", 2, 1, flags, typesize, nbytes, nbytes, 24 + csize)
+    """What precedes the zstd stream of a Blosc chunk written as one block: the header (byte
+    shuffle or none), the block's start and the stream's size."""
+    head = _one_block_header(_SHUFFLE if shuffled and typesize > 1 else 0, typesize, nbytes, 24 + csize)
     return head + struct.pack("<Ii", 24 - 4, csize)
 
 
@@ -232,9 +236,7 @@ def one_block_fits(nbytes: int, csize: int) -> bool:
 
 def memcpyed_prefix(nbytes: int, typesize: int) -> bytes:
     """The header of a Blosc chunk stored as is (what compresses no smaller than itself)."""
-    return struct.pack(
-        "<BBBBIII", 2, 1, _MEMCPYED | _DONT_SPLIT | (4 << 5), typesize, nbytes, nbytes, 16 + nbytes
-    )
+    return _one_block_header(_MEMCPYED, typesize, nbytes, 16 + nbytes)
 
 
 def shuffle_rows(src: Any, dst: Any, nbytes: int, typesize: int) -> None:
