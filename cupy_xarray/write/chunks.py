@@ -96,11 +96,19 @@ def _gather(rows: Any, block: Any, unit: tuple, inner: tuple, fill: Any, native:
         whole = xp.full(unit, fill, dtype=native)
         whole[tuple(slice(0, n) for n in block.shape)] = block
         block = whole
-    k = tuple(u // c for u, c in zip(unit, inner))
-    split = tuple(x for kk, c in zip(k, inner) for x in (kk, c))
+    _tile(rows, block, unit, inner, native)
+
+
+def _tile(rows: Any, block: Any, unit: tuple, inner: tuple, native: np.dtype) -> None:
+    """Put ``block`` (whole units along every axis) into ``rows`` with one copy: its units in
+    C order, each unit's chunks in C order, each chunk's elements in C order (every axis split
+    into units, chunks in a unit and elements, then units first, chunks next, elements last)."""
     d = len(unit)
-    order = [2 * i for i in range(d)] + [2 * i + 1 for i in range(d)]
-    _elements(rows, inner, native, k)[...] = block.reshape(split).transpose(order)
+    g = [n // u for n, u in zip(block.shape, unit)]
+    k = [u // c for u, c in zip(unit, inner)]
+    split = tuple(x for gg, kk, c in zip(g, k, inner) for x in (gg, kk, c))
+    order = [3 * i + j for j in range(3) for i in range(d)]
+    _elements(rows, inner, native, (*g, *k))[...] = block.reshape(split).transpose(order)
 
 
 def _gather_rows(
@@ -116,15 +124,7 @@ def _gather_rows(
     first, m = batch[0][0], len(batch) // per_row
     if (first + m) * unit[0] > data.shape[0]:
         return False  # the last units along the first axis are cut short
-    block = data[first * unit[0] : (first + m) * unit[0]]
-    k = [u // c for u, c in zip(unit, inner)]
-    # axis 0 splits into (units, chunks in a unit, elements); every other axis into
-    # (units, chunks, elements) too: units first, then chunks, then elements
-    split = (m, k[0], inner[0]) + tuple(x for g, kk, c in zip(grid, k[1:], inner[1:]) for x in (g, kk, c))
-    d = len(unit)
-    order = [0] + [3 * i for i in range(1, d)] + [1] + [3 * i + 1 for i in range(1, d)]
-    order += [2] + [3 * i + 2 for i in range(1, d)]
-    _elements(rows, inner, native, (m, *grid, *k))[...] = block.reshape(split).transpose(order)
+    _tile(rows, data[first * unit[0] : (first + m) * unit[0]], unit, inner, native)
     return True
 
 
