@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.shards import EMPTY, encode_index
-from .encoders import DeviceChunk, EncodeError, Pending, Recipe, ShardRecipe, chunk_shape
+from .encoders import DeviceChunk, EncodeError, Pending, Recipe, ShardRecipe, chunk_shape, stream_shape
 
 #: bytes of chunks a batch holds in host memory (data on the host, or encoded by CPU threads)
 BATCH_BYTES = 1 << 30
@@ -274,7 +274,7 @@ def write_array(
     import zarr
 
     unit = chunk_shape(meta)  # a chunk, or a shard
-    shape = recipe.shard.inner if recipe.shard is not None else unit  # a row's chunk
+    shape = stream_shape(meta, recipe)  # a row's chunk
     per_unit = int(np.prod([u // c for u, c in zip(unit, shape)]))
     origin = origin or (0,) * data.ndim
     ends = [(o * c + n) for o, c, n in zip(origin, unit, data.shape)]

@@ -34,7 +34,16 @@ from ..engine.io import kept_pool
 from ..engine.notes import collecting, file
 from . import encoders
 from .chunks import WriteReport, write_array
-from .encoders import CPUEncoder, GPUEncoder, Recipe, SharedEncoder, Unsupported, chunk_shape, recipe_of
+from .encoders import (
+    CPUEncoder,
+    GPUEncoder,
+    Recipe,
+    SharedEncoder,
+    Unsupported,
+    chunk_shape,
+    recipe_of,
+    stream_shape,
+)
 
 _recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
 
@@ -433,8 +442,7 @@ class _ChunkWriter:
     ) -> None:
         """Write the chunks ``data`` covers (from chunk ``origin`` on) from where it lies."""
         xp = _xp(data)
-        inner = recipe.shard.inner if recipe.shard is not None else chunk_shape(meta)
-        chunk_bytes = int(np.prod(inner)) * data.dtype.itemsize  # what the encoder makes a stream of
+        chunk_bytes = int(np.prod(stream_shape(meta, recipe))) * data.dtype.itemsize
         encoder = self.encoder_for(xp is not np, recipe, chunk_bytes, int(data.nbytes))
         part = WriteReport(arrays=[name])  # its path in the store
         where = self.root / name

@@ -112,6 +112,12 @@ def chunk_shape(meta: Any) -> tuple[int, ...]:
     return tuple(grid.chunk_shape) if grid is not None else tuple(meta.chunks)
 
 
+def stream_shape(meta: Any, recipe: Recipe) -> tuple[int, ...]:
+    """The shape of the chunks an encoder makes a stream of: the inner chunks of a sharded
+    array, else its chunks."""
+    return recipe.shard.inner if recipe.shard is not None else chunk_shape(meta)
+
+
 def _shard_recipe(codec: Any, shard_shape: tuple[int, ...]) -> ShardRecipe:
     """What the reader knows of the shard (:func:`~cupy_xarray.engine.spec.sharding`), and the
     order its chunks are stored in."""
