@@ -76,6 +76,15 @@ def main() -> None:
     ap.add_argument("--codec", default="zstd", choices=["zstd", "lz4"])
     ap.add_argument("--batches", default="256,512,1024")
     ap.add_argument("--shares", default="0,0.1,0.2,0.3")
+    ap.add_argument(
+        "--plans",
+        default="",
+        help="batch plans to time, ';' between plans: chunks per batch, ',' between batches "
+        "('256x4' for four of 256), or 'auto' for the writer's own; each at every --depths",
+    )
+    ap.add_argument("--depths", default="2", help="batches queued on the GPU at once (encoders.IN_FLIGHT)")
+    ap.add_argument("--trace", action="store_true", help="when each batch of a write was queued, written")
+    ap.add_argument("--file-threads", default="", help="the engine's write with these file threads too")
     args = ap.parse_args()
     t = max(4, int(args.size_gib * 2**30 / (2048 * 2048 * 4)) // 4 * 4)
     field = cupy.asarray(smooth_field((t, 2048, 2048)))
@@ -98,6 +107,7 @@ def main() -> None:
             jobs = [enc.compress(rows[s : s + per], tile_bytes, stream) for s in range(0, n, per)]
             stream.synchronize()
             out["sizes"] = np.concatenate([j.sizes.get() for j in jobs])
+            out["jobs"] = jobs
 
         return run
 
@@ -143,6 +153,24 @@ def main() -> None:
     for threads in (8, 16, 32):
         s = best(files_alone(threads), fresh(root / "files"))
         print(f"  files alone, {threads:>2} threads       {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s", flush=True)
+    # the same files copied out of device memory by the threads, as the writer's are
+    job = out["jobs"][0]
+    slot = job.out.strides[0]
+    from_device = [encoders.DeviceChunk(job.out, k * slot, int(m)) for k, m in enumerate(out["sizes"][:per])]
+
+    def device_files(threads):
+        def run():
+            with cf.ThreadPoolExecutor(threads) as pool:
+                files = chunks._Files(root / "files", pool, crc32c=False)
+                for i in range(n):
+                    files.put(f"c/{i // 16}/{i // 4 % 4}/{i % 4}", from_device[i % per])
+                files.wait()
+
+        return run
+
+    for threads in (8, 16):
+        s = best(device_files(threads), fresh(root / "files"))
+        print(f"  files from device, {threads:>2} thr  {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s", flush=True)
 
     ds = xr.Dataset({"field": (("t", "y", "x"), field)})
     codec = zarr.codecs.ZstdCodec(level=1) if args.codec == "zstd" else zn.LZ4()
@@ -160,6 +188,41 @@ def main() -> None:
             f"last: {r.batches} batches, encoder wait {r.encode_wait_s * 1e3:.0f} ms, file wait "
             f"{r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; batches held "
             f"{r.device_bytes / 2**30:.2f} GiB, peak GPU {mem.used / field.nbytes:.2f}x data)",
+            flush=True,
+        )
+    encoders.GPU_BATCH_CHUNKS = 256
+    own_plan = chunks._plan
+    for text in [t for t in args.plans.split(";") if t]:
+        plan = None if text == "auto" else _parse_plan(text)
+        if plan is not None and sum(plan) != n:
+            print(f"  plan {text}: {sum(plan)} chunks, not {n}: skipped")
+            continue
+        chunks._plan = own_plan if plan is None else (lambda total, cap, row, plan=plan: list(plan))
+        for depth in [int(d) for d in args.depths.split(",")]:
+            encoders.IN_FLIGHT = depth
+            with PeakGPUMemory() as mem, record_writes() as reports:
+                s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, 1))
+            r = reports[-1]
+            print(
+                f"  engine, plan {text:<28} depth {depth} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   "
+                f"(first run {FIRST[-1] * 1e3:.0f} ms; last: encoder wait {r.encode_wait_s * 1e3:.0f} ms, "
+                f"file wait {r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; "
+                f"peak GPU {mem.used / field.nbytes:.2f}x data)",
+                flush=True,
+            )
+    chunks._plan = own_plan
+    encoders.IN_FLIGHT = 2
+    if args.trace:
+        _trace(ds, target, encoding, chunks, encoders)
+    for threads in [int(x) for x in args.file_threads.split(",") if x]:
+        from cupy_xarray import set_options
+
+        with set_options(decode_threads=threads), record_writes() as reports:
+            s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, 1))
+        r = reports[-1]
+        print(
+            f"  engine, {threads:>2} file threads   {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   (encoder wait "
+            f"{r.encode_wait_s * 1e3:.0f} ms, file wait {r.file_wait_s * 1e3:.0f} ms)",
             flush=True,
         )
     encoders.GPU_BATCH_CHUNKS = per
@@ -191,6 +254,91 @@ def main() -> None:
         flush=True,
     )
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _parse_plan(text: str) -> list[int]:
+    plan: list[int] = []
+    for part in text.split(","):
+        size, _, times = part.partition("x")
+        plan += [int(size)] * int(times or 1)
+    return plan
+
+
+def _trace(ds, target, encoding, chunks, encoders) -> None:
+    """One write with the writer's own plan, each batch's moments in ms from its start: queued
+    (gathered and handed to nvCOMP), taken (the host begins to wait for it), encoded, its
+    files handed to the threads (after those of the batch before were written)."""
+    import threading
+
+    import cupy
+
+    marks: list[tuple] = []
+    start, finish = encoders.GPUEncoder.start, chunks._finish
+    put, to_host = chunks._Files._put, encoders.DeviceChunk.to_host
+    write_all, rename = chunks._write_all, chunks._rename
+    t0 = [0.0]
+    spent: dict[str, list[float]] = {}
+    lock = threading.Lock()
+
+    def clocked(name, fn):
+        def run(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                with lock:
+                    spent.setdefault(name, []).append(time.perf_counter() - t)
+
+        return run
+
+    def timed_start(self, recipe, buf, nbytes, empty):
+        pending = start(self, recipe, buf, nbytes, empty)
+        marks.append(("queued", buf.shape[0], time.perf_counter() - t0[0]))
+        return pending
+
+    def timed_finish(batch, pending, *rest):
+        t = time.perf_counter() - t0[0]
+        pending.result = _timed(pending.result, marks, "encoded", len(batch), t0[0])
+        finish(batch, pending, *rest)
+        marks.append(("handed", len(batch), time.perf_counter() - t0[0], t))
+
+    encoders.GPUEncoder.start, chunks._finish = timed_start, timed_finish
+    chunks._Files._put = clocked("file (all of it)", put)
+    encoders.DeviceChunk.to_host = clocked("copy to pinned host memory", to_host)
+    chunks._write_all = clocked("os.write", write_all)
+    chunks._rename = clocked("rename", rename)
+    try:
+        for _ in range(2):  # the second write is the one shown
+            shutil.rmtree(target, ignore_errors=True)
+            marks.clear()
+            spent.clear()
+            cupy.cuda.Device().synchronize()
+            t0[0] = time.perf_counter()
+            ds.cupy.to_zarr(target, encoding=encoding)
+            total = time.perf_counter() - t0[0]
+    finally:
+        encoders.GPUEncoder.start, chunks._finish = start, finish
+        chunks._Files._put, encoders.DeviceChunk.to_host = put, to_host
+        chunks._write_all, chunks._rename = write_all, rename
+    print(f"  trace of one write ({total * 1e3:.0f} ms), ms from its start:")
+    for m in marks:
+        extra = f" (taken at {m[3] * 1e3:.0f})" if len(m) > 3 else ""
+        print(f"    {m[0]:<8} {m[1]:>5} chunks at {m[2] * 1e3:7.1f}{extra}")
+    for name, times in spent.items():
+        t = np.array(times) * 1e3
+        print(
+            f"    {name:<28} {len(t):>5} times, {t.sum():8.1f} thread-ms, mean {t.mean():.3f} ms, "
+            f"median {np.median(t):.3f}, max {t.max():.2f}"
+        )
+
+
+def _timed(result, marks, what, count, t0):
+    def run():
+        out = result()
+        marks.append((what, count, time.perf_counter() - t0))
+        return out
+
+    return run
 
 
 if __name__ == "__main__":

@@ -58,6 +58,11 @@ def side_stream(cupy: Any) -> Any:
     return _thread_stream(cupy, "side")
 
 
+def write_stream(cupy: Any, k: int) -> Any:
+    """This thread's ``k``-th CUDA stream for batches a write queues beyond its first two."""
+    return _thread_stream(cupy, f"write-{k}")
+
+
 def check_stream(cupy: Any) -> Any:
     """This thread's CUDA stream for checks that run while the streams they check decode
     (the LZ4 walk beside nvCOMP's call)."""

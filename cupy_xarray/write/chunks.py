@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.shards import EMPTY, encode_index
+from . import encoders
 from .encoders import DeviceChunk, EncodeError, Pending, Recipe, ShardRecipe, chunk_shape, stream_shape
 
 #: bytes of chunks a batch holds in host memory (data on the host, or encoded by CPU threads)
@@ -268,8 +269,8 @@ def write_array(
 
     Batches of chunks are gathered into rows of one buffer, checked for chunks of the fill
     value only, handed to ``encoder`` (which returns at once) and written by ``pool``'s threads
-    while the next batch is gathered and encoded; on the GPU batches alternate between two
-    streams.
+    while the next ones are gathered and encoded (``encoders.IN_FLIGHT`` batches queued at
+    once, each on a stream of its own on the GPU).
     """
     import zarr
 
@@ -294,11 +295,12 @@ def write_array(
     per_row = int(np.prod([len(g) for g in grid[1:]])) if data.ndim > 1 else 1
     cap = max(1, encoder.batch_chunks(nbytes, stride, BATCH_BYTES, recipe) // per_unit)
     sizes = _plan(len(indexes), cap, per_row)
-    streams = _streams(xp)
+    depth = max(1, encoders.IN_FLIGHT)
+    streams = _streams(xp, depth)
     report.encoder = encoder.name
     files = _Files(directory, pool, recipe.crc32c, overwrite)
     t0 = time.perf_counter()
-    last: tuple[list, Pending] | None = None
+    queued: list[tuple[list, Pending]] = []  # oldest first
     writing = 0  # device memory of the batch whose files are being written
     ok = False
     try:
@@ -318,11 +320,10 @@ def write_array(
                     pending = encoder.start(recipe, rows, nbytes, empty)
             except MemoryError:  # cupy's OutOfMemoryError too: the rest in smaller batches
                 rows = empty = None
-                if len(batch) == 1 and last is None:
+                if len(batch) == 1 and not queued:
                     raise
-                if last is not None:  # its memory back first
-                    _finish(*last, meta, origin, nbytes, files, report, recipe.shard)
-                    last = None
+                while queued:  # their memory back first
+                    _finish(*queued.pop(0), meta, origin, nbytes, files, report, recipe.shard)
                 if xp is not np:
                     from ..engine.sandbox import release_arenas
 
@@ -334,16 +335,16 @@ def write_array(
                 continue
             del rows, empty
             first, b, sizes = first + len(batch), b + 1, sizes[1:]
-            held = pending.device_bytes + (last[1].device_bytes if last else 0) + writing
+            queued.append((batch, pending))
+            held = sum(q[1].device_bytes for q in queued) + writing
             report.device_bytes = max(report.device_bytes, held)
             report.batches += 1
-            if last is not None:
-                _finish(*last, meta, origin, nbytes, files, report, recipe.shard)
-                writing = last[1].device_bytes
-            last = (batch, pending)
-        if last is not None:
-            _finish(*last, meta, origin, nbytes, files, report, recipe.shard)
-            last = None
+            if len(queued) >= depth:
+                oldest = queued.pop(0)
+                _finish(*oldest, meta, origin, nbytes, files, report, recipe.shard)
+                writing = oldest[1].device_bytes
+        while queued:
+            _finish(*queued.pop(0), meta, origin, nbytes, files, report, recipe.shard)
         w = time.perf_counter()
         files.wait()
         report.file_wait_s += time.perf_counter() - w
@@ -429,11 +430,11 @@ def _finish(
         report.nbytes += nbytes
 
 
-def _streams(xp: Any) -> list:
-    """Two CUDA streams for data on the GPU (a batch gathers and encodes on one while the one
-    before finishes on the other), no stream on the host."""
+def _streams(xp: Any, n: int) -> list:
+    """``n`` CUDA streams of this thread for data on the GPU (a batch gathers and encodes on
+    one while those before finish on the others), no stream on the host."""
     if xp is np:
         return [contextlib.nullcontext()]
-    from ..engine.buffers import side_stream, thread_stream
+    from ..engine.buffers import side_stream, thread_stream, write_stream
 
-    return [thread_stream(xp), side_stream(xp)]
+    return [thread_stream(xp), side_stream(xp), *(write_stream(xp, k) for k in range(2, max(n, 2)))]

@@ -320,9 +320,9 @@ class GPUEncoder:
 
     def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int, recipe: Recipe) -> int:
         """Chunks per batch at most: enough frames for nvCOMP to fill the GPU
-        (:data:`GPU_BATCH_CHUNKS`), three batches (one gathered, one compressing, one whose
-        files are written) within a share of the free device memory (the ``memory_share``
-        option)."""
+        (:data:`GPU_BATCH_CHUNKS`), the batches held at once (:data:`IN_FLIGHT` queued, one
+        whose files are written) within a share of the free device memory (the
+        ``memory_share`` option)."""
         import cupy
 
         from ..options import get_options
@@ -337,7 +337,7 @@ class GPUEncoder:
         if algo is not None:
             enc = batched_encoder(algo)
             per_chunk += enc.slot(enc.max_output(chunk_bytes)) + -(-enc.temp_bytes(64, chunk_bytes) // 64)
-        fit = int(get_options().memory_share * free) // (3 * per_chunk)
+        fit = int(get_options().memory_share * free) // ((IN_FLIGHT + 1) * per_chunk)
         return max(1, min(GPU_BATCH_CHUNKS, fit))
 
     def start(self, recipe: Recipe, buf: Any, nbytes: int, empty: Any) -> Pending:
@@ -537,6 +537,10 @@ class SharedEncoder:
 #: took 586 ms in batches of 256, 611 of 384, 692 of 512 (smaller batches overlap the files
 #: better), with 2.5x, 3.4x and 3.9x the data's bytes of device memory
 GPU_BATCH_CHUNKS = 256
+
+#: batches queued on the GPU at once: the oldest's chunks go to the file threads once the
+#: newest is queued, so that nvCOMP's calls overlap each other's last, partly idle part
+IN_FLIGHT = 2
 
 #: a write (an array, or a dask block) of fewer bytes is compressed by CPU threads: an nvCOMP
 #: zstd call takes about 80 ms whatever its size (one 1 MiB chunk: 82 ms on an H200, the whole
