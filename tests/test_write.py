@@ -1084,3 +1084,48 @@ def test_gpu_blosc_zstd_chunks_say_what_zarr_pythons_say(tmp_path, fmt):
     assert int.from_bytes(a[8:12], "little") == 4 * 32 * 96 * 4  # one block: the whole chunk
     want = xr.open_dataset(tmp_path / "x.zarr", engine="zarr").load()
     xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)
+
+
+#: chains tensorstore reads (it has no numcodecs LZ4), by Zarr format; sharded: v3 only
+TENSORSTORE_CHAINS = [
+    (fmt, name, sharded)
+    for fmt, names in [
+        (2, ["none", "zstd-1", "blosc-lz4", "blosc-zstd", "gzip", "zlib"]),
+        (3, ["none", "zstd-1", "zstd+crc32c", "crc32c", "blosc-zstd", "gzip+crc32c"]),
+    ]
+    for name in names
+    for sharded in ([False, True] if fmt == 3 and name != "blosc-zstd" else [False])
+]
+
+
+@pytest.mark.parametrize("where", ["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(
+    "fmt,chain,sharded",
+    TENSORSTORE_CHAINS,
+    ids=[f"v{f}-{c}{'-sharded' if s else ''}" for f, c, s in TENSORSTORE_CHAINS],
+)
+def test_tensorstore_reads_what_the_engine_writes(tmp_path, where, fmt, chain, sharded):
+    """Another Zarr implementation (tensorstore) reads the engine's files as the values
+    written: chunks of the fill value left out, edge chunks, shard indexes, and on the GPU
+    nvCOMP's zstd frames and Blosc blocks."""
+    ts = pytest.importorskip("tensorstore")
+    ds = _dataset("f4", (9, 34, 41))
+    if sharded:
+        enc = {"v": _sharded(chain, (2, 5, 8), (4, 10, 16), "end", True)}
+    else:
+        enc = {"v": {"chunks": (2, 16, 16), "compressors": _chains(fmt)[chain]}}
+    data = ds.cupy.as_cupy() if where == "gpu" else ds
+    with record_writes() as reports:
+        data.cupy.to_zarr(tmp_path / "e.zarr", zarr_format=fmt, encoding=enc)
+    assert reports[0].arrays == ["v"], str(reports[0])
+    if where == "gpu":
+        assert reports[0].encoder == ("gpu" if chain in NVCOMP_CHAINS | {"none", "crc32c"} else "cpu"), str(
+            reports[0]
+        )
+    spec = {
+        "driver": "zarr3" if fmt == 3 else "zarr",
+        "kvstore": {"driver": "file", "path": str(tmp_path / "e.zarr" / "v")},
+    }
+    got = ts.open(spec, open=True).result().read().result()
+    assert got.dtype == np.float32 and got.shape == ds.v.shape
+    np.testing.assert_array_equal(got, ds.v.values)
