@@ -85,6 +85,9 @@ def main() -> None:
     ap.add_argument("--depths", default="2", help="batches queued on the GPU at once (encoders.IN_FLIGHT)")
     ap.add_argument("--trace", action="store_true", help="when each batch of a write was queued, written")
     ap.add_argument("--file-threads", default="", help="the engine's write with these file threads too")
+    ap.add_argument(
+        "--copies", action="store_true", help="time device-to-host copies and file creation alone"
+    )
     args = ap.parse_args()
     t = max(4, int(args.size_gib * 2**30 / (2048 * 2048 * 4)) // 4 * 4)
     field = cupy.asarray(smooth_field((t, 2048, 2048)))
@@ -135,6 +138,8 @@ def main() -> None:
     print(f"  compressed {sizes.sum() / 2**20:.0f} MiB, ratio {field.nbytes / sizes.sum():.2f}")
 
     root = Path(args.dir)
+    if args.copies:
+        _copies(out["jobs"][0], out["sizes"][:per], root / "copies")
     blob = np.random.default_rng(0).integers(0, 255, int(sizes.max()), dtype=np.uint8)
 
     def fresh(path):
@@ -226,7 +231,7 @@ def main() -> None:
             flush=True,
         )
     encoders.GPU_BATCH_CHUNKS = per
-    for share in [float(x) for x in args.shares.split(",")]:
+    for share in [float(x) for x in args.shares.split(",") if x]:
         encoders.CPU_SHARE[algo] = share
         with PeakGPUMemory() as mem, record_writes() as reports:
             s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, True))
@@ -254,6 +259,104 @@ def main() -> None:
         flush=True,
     )
     shutil.rmtree(root, ignore_errors=True)
+
+
+def _copies(job, sizes, root: Path) -> None:
+    """A batch's compressed chunks to the host: one copy a chunk (from 1 and 8 threads, each
+    synchronized), the batch made contiguous on the GPU then one copy (into page-locked and
+    into pageable memory); and creating, writing, renaming files alone."""
+    import os
+
+    import cupy
+    import cupyx
+
+    sizes = [int(s) for s in sizes]
+    slot = job.out.strides[0]
+    total = sum(sizes)
+    big = max(sizes)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    rt = cupy.cuda.runtime
+
+    def per_chunk(threads):
+        def one(part):
+            stream = cupy.cuda.Stream()  # blocking, as the file threads' streams are
+            host = cupyx.empty_pinned((big,), np.uint8)
+            t = time.perf_counter()
+            for k in part:
+                rt.memcpyAsync(
+                    host.ctypes.data, job.out.data.ptr + k * slot, sizes[k], rt.memcpyDeviceToHost, stream.ptr
+                )
+                stream.synchronize()
+            return time.perf_counter() - t
+
+        with cf.ThreadPoolExecutor(threads) as pool:
+            t = time.perf_counter()
+            each = list(pool.map(one, [range(j, len(sizes), threads) for j in range(threads)]))
+            return time.perf_counter() - t, sum(each)
+
+    for threads in (1, 8, 16):
+        per_chunk(threads)
+        wall, busy = min(per_chunk(threads) for _ in range(3))
+        print(
+            f"  copies, a chunk each, {threads:>2} threads: {wall * 1e3:7.1f} ms "
+            f"({total / wall / 1e9:5.1f} GB/s), "
+            f"{busy / len(sizes) * 1e3:.3f} thread-ms a chunk",
+            flush=True,
+        )
+    dense = cupy.empty((total,), cupy.uint8)
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def compact():
+        for k, (o, m) in enumerate(zip(offsets.tolist(), sizes)):
+            rt.memcpyAsync(
+                dense.data.ptr + o, job.out.data.ptr + k * slot, m, rt.memcpyDeviceToDevice, stream.ptr
+            )
+        stream.synchronize()
+
+    pinned = cupyx.empty_pinned((total,), np.uint8)
+    pageable = np.ones(total, np.uint8)
+    for name, fn in [
+        ("made contiguous on the GPU", compact),
+        ("one copy into page-locked memory", lambda: dense.get(stream=stream, out=pinned)),
+        ("one copy into pageable memory", lambda: dense.get(stream=stream, out=pageable)),
+    ]:
+        fn()
+        s = min(_seconds(fn) for _ in range(3))
+        print(f"  {name:<34} {s * 1e3:7.2f} ms ({total / s / 1e9:5.1f} GB/s)", flush=True)
+    t = time.perf_counter()
+    fresh = cupyx.empty_pinned((total,), np.uint8)
+    print(f"  page-locked block of {total / 2**20:.0f} MiB made in {(time.perf_counter() - t) * 1e3:.0f} ms")
+    del fresh
+    blob = pinned[:big]
+    for threads in (1, 8):
+        for what in ("create+close", "create+write+close", "create+write+close+rename"):
+            shutil.rmtree(root, ignore_errors=True)
+            for d in range(64):
+                (root / str(d)).mkdir(parents=True)
+
+            def files(part, what=what):
+                for k in part:
+                    path = root / str(k % 64) / f"f{k}"
+                    tmp = root / str(k % 64) / f".f{k}.partial"
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+                    if "write" in what:
+                        os.write(fd, blob[: sizes[k % len(sizes)]])
+                    os.close(fd)
+                    if "rename" in what:
+                        os.replace(tmp, path)
+
+            with cf.ThreadPoolExecutor(threads) as pool:
+                t = time.perf_counter()
+                list(pool.map(files, [range(j, 1024, threads) for j in range(threads)]))
+                s = time.perf_counter() - t
+            print(f"  1024 files, {what:<26} {threads} threads: {s * 1e3:7.1f} ms", flush=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _seconds(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def _parse_plan(text: str) -> list[int]:

@@ -1129,3 +1129,39 @@ def test_tensorstore_reads_what_the_engine_writes(tmp_path, where, fmt, chain, s
     got = ts.open(spec, open=True).result().read().result()
     assert got.dtype == np.float32 and got.shape == ds.v.shape
     np.testing.assert_array_equal(got, ds.v.values)
+
+
+def test_batches_wait_for_files_only_past_their_memory_budget(tmp_path):
+    """The writer hands a batch to the file threads at once while the batches still being
+    written hold little device memory, waits for the oldest ones' files where the next would
+    not fit, and for all of them before a batch of unknown memory (chunks on the host)."""
+    import concurrent.futures as cf
+    import threading
+
+    from cupy_xarray.write.chunks import _Files
+
+    gates = [threading.Event() for _ in range(3)]
+    with cf.ThreadPoolExecutor(4) as pool:
+        files = _Files(tmp_path, pool, crc32c=False)
+        for k in range(2):  # two batches of 40 bytes each, their files held until their gate opens
+            files.wait_within(100, 40)
+            files.begin(40)
+            files.pending += [pool.submit(gates[k].wait, 10) for _ in range(2)]
+        assert files.held(100) == 80
+
+        def third():
+            files.wait_within(100, 40)  # 80 + 40 > 100: the first batch's files first
+            files.begin(40)
+
+        waiting = pool.submit(third)
+        with pytest.raises(cf.TimeoutError):
+            waiting.result(timeout=0.2)
+        gates[0].set()
+        waiting.result(timeout=5)
+        assert files.held(100) == 80  # the second batch's files, still written, and the third's
+        unknown = pool.submit(files.wait_within, 100, None)
+        with pytest.raises(cf.TimeoutError):
+            unknown.result(timeout=0.2)
+        gates[1].set()
+        unknown.result(timeout=5)
+        assert files.held(100) == 0 and not files.batches

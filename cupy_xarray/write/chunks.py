@@ -165,6 +165,33 @@ class _Files:
         self.pool = pool
         self.dirs: set[Path] = set()
         self.pending: list[cf.Future] = []
+        #: each batch whose files are being written: where its files start in ``pending``, and
+        #: the device memory they hold until written (None: a whole batch's)
+        self.batches: list[tuple[int, int | None]] = []
+
+    def begin(self, device_bytes: int | None) -> None:
+        """The files put from now on are one batch's, holding ``device_bytes`` of device memory."""
+        self.batches.append((len(self.pending), device_bytes))
+
+    def held(self, budget: int) -> int:
+        """Device memory the batches whose files are not all written hold (a batch of unknown
+        memory counts as ``budget``)."""
+        while self.batches and all(f.done() for f in self.pending[self.batches[0][0] : self._end(0)]):
+            self.batches.pop(0)
+        return sum(budget if b is None else b for _, b in self.batches)
+
+    def wait_within(self, budget: int, more: int | None) -> None:
+        """Wait for the oldest batches' files until another ``more`` bytes fit in ``budget``
+        beside those still being written (None: until all are written)."""
+        while self.batches:
+            if more is not None and self.held(budget) + more <= budget or not self.batches:
+                return
+            end = self._end(0)
+            start, _ = self.batches.pop(0)
+            self._results(self.pending[start:end])
+
+    def _end(self, k: int) -> int:
+        return self.batches[k + 1][0] if k + 1 < len(self.batches) else len(self.pending)
 
     def put(self, key: str, data: np.ndarray | DeviceChunk, crc: int | None = None) -> None:
         """Write ``data`` (host bytes, or bytes in device memory the thread copies out) as
@@ -222,20 +249,23 @@ class _Files:
             raise
 
     def wait(self) -> None:
+        self._results(self.pending)
+        self.pending, self.batches = [], []
+
+    def _results(self, futures: list) -> None:
         try:
-            for f in self.pending:
+            for f in futures:
                 f.result()
         except BaseException:
             self.close()  # no file is written after the error is raised
             raise
-        self.pending = []
 
     def close(self) -> None:
         """Cancel the files not begun, wait for those under way (after an error)."""
         for f in self.pending:
             f.cancel()
         cf.wait(self.pending)
-        self.pending = []
+        self.pending, self.batches = [], []
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -301,7 +331,7 @@ def write_array(
     files = _Files(directory, pool, recipe.crc32c, overwrite)
     t0 = time.perf_counter()
     queued: list[tuple[list, Pending]] = []  # oldest first
-    writing = 0  # device memory of the batch whose files are being written
+    budget = 0  # device memory for the files being written: the most a batch held while queued
     ok = False
     try:
         first, b = 0, 0
@@ -323,7 +353,8 @@ def write_array(
                 if len(batch) == 1 and not queued:
                     raise
                 while queued:  # their memory back first
-                    _finish(*queued.pop(0), meta, origin, nbytes, files, report, recipe.shard)
+                    _finish(*queued.pop(0), meta, origin, nbytes, files, report, recipe.shard, budget)
+                files.wait()
                 if xp is not np:
                     from ..engine.sandbox import release_arenas
 
@@ -336,15 +367,14 @@ def write_array(
             del rows, empty
             first, b, sizes = first + len(batch), b + 1, sizes[1:]
             queued.append((batch, pending))
-            held = sum(q[1].device_bytes for q in queued) + writing
+            budget = max(budget, pending.device_bytes)
+            held = sum(q[1].device_bytes for q in queued) + files.held(budget)
             report.device_bytes = max(report.device_bytes, held)
             report.batches += 1
             if len(queued) >= depth:
-                oldest = queued.pop(0)
-                _finish(*oldest, meta, origin, nbytes, files, report, recipe.shard)
-                writing = oldest[1].device_bytes
+                _finish(*queued.pop(0), meta, origin, nbytes, files, report, recipe.shard, budget)
         while queued:
-            _finish(*queued.pop(0), meta, origin, nbytes, files, report, recipe.shard)
+            _finish(*queued.pop(0), meta, origin, nbytes, files, report, recipe.shard, budget)
         w = time.perf_counter()
         files.wait()
         report.file_wait_s += time.perf_counter() - w
@@ -383,10 +413,12 @@ def _finish(
     files: _Files,
     report: WriteReport,
     shard: ShardRecipe | None = None,
+    budget: int = 0,
 ) -> None:
-    """Take a batch's encoded chunks and hand them to the file threads (once the files of the
-    batch before are written: at most two batches' files are pending); ``shard``: the batch's
-    units are shards, each written as one file."""
+    """Take a batch's encoded chunks and hand them to the file threads, once the batches whose
+    files are still being written hold no more than ``budget`` bytes of device memory with
+    this one (a batch of unknown memory, once the files before it are written); ``shard``: the
+    batch's units are shards, each written as one file."""
     t = time.perf_counter()
     per = len(shard.order) if shard is not None else 1
     try:
@@ -400,7 +432,8 @@ def _finish(
         raise RuntimeError(f"{files.root}: chunk {key!r}{inner} was not written: {exc}") from exc
     w = time.perf_counter()
     report.encode_wait_s += w - t
-    files.wait()
+    files.wait_within(budget, encoded.device_bytes)
+    files.begin(encoded.device_bytes)
     report.file_wait_s += time.perf_counter() - w
     crcs = encoded.crc32c or [None] * len(encoded.chunks)
     if shard is not None:
