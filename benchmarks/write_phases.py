@@ -83,6 +83,7 @@ def main() -> None:
         "('256x4' for four of 256), or 'auto' for the writer's own; each at every --depths",
     )
     ap.add_argument("--depths", default="2", help="batches queued on the GPU at once (encoders.IN_FLIGHT)")
+    ap.add_argument("--pack", default="1", help="encoders.PACK_OUTPUT of the plans' writes: 1, 0 or 1,0")
     ap.add_argument("--trace", action="store_true", help="when each batch of a write was queued, written")
     ap.add_argument("--file-threads", default="", help="the engine's write with these file threads too")
     ap.add_argument(
@@ -203,20 +204,20 @@ def main() -> None:
             print(f"  plan {text}: {sum(plan)} chunks, not {n}: skipped")
             continue
         chunks._plan = own_plan if plan is None else (lambda total, cap, row, plan=plan: list(plan))
-        for depth in [int(d) for d in args.depths.split(",")]:
-            encoders.IN_FLIGHT = depth
+        for depth, pack in [(int(d), int(p)) for d in args.depths.split(",") for p in args.pack.split(",")]:
+            encoders.IN_FLIGHT, encoders.PACK_OUTPUT = depth, bool(pack)
             with PeakGPUMemory() as mem, record_writes() as reports:
                 s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, 1))
             r = reports[-1]
             print(
-                f"  engine, plan {text:<28} depth {depth} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   "
+                f"  engine, plan {text:<20} depth {depth} pack {pack} {s * 1e3:7.1f} ms {gb / s:6.2f} GB/s  "
                 f"(first run {FIRST[-1] * 1e3:.0f} ms; last: encoder wait {r.encode_wait_s * 1e3:.0f} ms, "
                 f"file wait {r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; "
                 f"peak GPU {mem.used / field.nbytes:.2f}x data)",
                 flush=True,
             )
     chunks._plan = own_plan
-    encoders.IN_FLIGHT = 2
+    encoders.IN_FLIGHT, encoders.PACK_OUTPUT = 2, True
     if args.trace:
         _trace(ds, target, encoding, chunks, encoders)
     for threads in [int(x) for x in args.file_threads.split(",") if x]:

@@ -406,6 +406,11 @@ class GPUEncoder:
                     _blosc_chunk(out, k * slot, int(sizes[k]), buf, k * row, nbytes, blosc) for k in range(n)
                 ]
                 return Encoded([c if keep[k] else None for k, c in enumerate(chunks)])
+            if not PACK_OUTPUT:  # the chunks stay in their slots until the batch's files are written
+                chunks = [
+                    DeviceChunk(out, k * slot, int(sizes[k]), prefix) if keep[k] else None for k in range(n)
+                ]
+                return Encoded(chunks, _crc_list(crcs))
             dense, at, ready = _packed(out, sizes, keep, stream)
             chunks = [
                 DeviceChunk(dense, at[k], int(sizes[k]), prefix, ready) if keep[k] else None for k in range(n)
@@ -561,8 +566,15 @@ class SharedEncoder:
 #: better), with 2.5x, 3.4x and 3.9x the data's bytes of device memory
 GPU_BATCH_CHUNKS = 256
 
+#: whether nvCOMP's output is packed into a buffer of its size before the files are written
+#: (the slots go at once, and later batches are queued while the files are written). On an
+#: H200, 4 GiB of 4 MiB zstd tiles, runs taken in turns: 565-600 ms packed, 571-612 not;
+#: peak device memory 2.6x the data against 3.7x
+PACK_OUTPUT = True
+
 #: batches queued on the GPU at once: the oldest's chunks go to the file threads once the
-#: newest is queued, so that nvCOMP's calls overlap each other's last, partly idle part
+#: newest is queued, so that nvCOMP's calls overlap each other's last, partly idle part (on
+#: an H200, 4 GiB of zstd tiles: three or four at once were no faster, with more memory)
 IN_FLIGHT = 2
 
 #: a write (an array, or a dask block) of fewer bytes is compressed by CPU threads: an nvCOMP
