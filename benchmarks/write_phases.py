@@ -9,12 +9,19 @@ A float32 ``(T, 2048, 2048)`` field of smooth data in 4 MiB tiles ``(4, 512, 512
   C-API encoder in one call, in calls of 128 to 1,024 tiles, and in calls of the smallest
   batch size from two threads on two streams (do two calls run side by side?);
 - files alone: the same number of files of the compressed size written by the writer's
-  threads (temporary names renamed into place) into a fresh directory;
+  threads (temporary names renamed into place) into a fresh directory, from host memory and
+  copied out of device memory as the writer's are; with ``--copies``, a batch's chunks
+  copied to the host one by one (1 to 16 threads) or packed and copied at once, and files
+  created, written, renamed alone;
 - the engine's whole write into a fresh directory at several batch sizes
   (``encoders.GPU_BATCH_CHUNKS``), with its report: time waiting for the encoder and for
-  files, device memory its batches held; with nvCOMP and CPU threads sharing each batch
-  (``--shares``: CPU threads' share of the chunks, ``encoders.CPU_SHARE``); and with CPU
-  threads compressing instead of nvCOMP.
+  files, device memory its batches held; with given batch plans (``--plans``), batches
+  queued at once (``--depths``, ``encoders.IN_FLIGHT``), the output packed or not
+  (``--pack``, ``encoders.PACK_OUTPUT``), file threads (``--file-threads``); with nvCOMP and
+  CPU threads sharing each batch (``--shares``: CPU threads' share of the chunks,
+  ``encoders.CPU_SHARE``); and with CPU threads compressing instead of nvCOMP;
+- with ``--trace``, one write batch by batch (queued, encoded, handed to the file threads)
+  and where its file threads' time went.
 
 Directories are deleted outside the timed part (a write with ``mode="w"`` over an existing
 store also pays the deletion).
