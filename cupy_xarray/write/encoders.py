@@ -453,7 +453,8 @@ def _packed(out: Any, sizes: np.ndarray, keep: np.ndarray, stream: Any) -> tuple
 
     lens = np.where(keep, sizes.astype(np.int64), 0)
     at = np.concatenate([[0], np.cumsum(lens)[:-1]]).tolist()
-    dense = cupy.empty((max(int(lens.sum()), 1),), dtype=cupy.uint8)
+    with stream:  # its memory returns to the stream the copies into it were queued on
+        dense = cupy.empty((max(int(lens.sum()), 1),), dtype=cupy.uint8)
     rt, slot = cupy.cuda.runtime, out.strides[0]
     for k in np.flatnonzero(lens).tolist():
         dst, src = dense.data.ptr + at[k], out.data.ptr + k * slot
