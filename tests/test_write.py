@@ -1086,8 +1086,9 @@ def test_gpu_blosc_zstd_chunks_say_what_zarr_pythons_say(tmp_path, fmt):
     xr.testing.assert_identical(xr.open_dataset(tmp_path / "g.zarr", engine="zarr").load(), want)
 
 
-#: chains tensorstore reads (it has no numcodecs LZ4), by Zarr format; sharded: v3 only
-TENSORSTORE_CHAINS = [
+#: chains the other readers read (tensorstore has no numcodecs LZ4), by Zarr format;
+#: sharded: v3 only
+OTHER_READER_CHAINS = [
     (fmt, name, sharded)
     for fmt, names in [
         (2, ["none", "zstd-1", "blosc-lz4", "blosc-zstd", "gzip", "zlib"]),
@@ -1098,17 +1099,32 @@ TENSORSTORE_CHAINS = [
 ]
 
 
+def _zarrs(path: Path) -> np.ndarray:
+    """The array at ``path`` read by zarr-python with the zarrs codec pipeline (strict: an
+    error, not zarr-python's own codecs, where zarrs cannot decode it)."""
+    pytest.importorskip("zarrs")
+    with zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline", "codec_pipeline.strict": True}):
+        return zarr.open_array(path, mode="r")[...]
+
+
+def _tensorstore(path: Path) -> np.ndarray:
+    ts = pytest.importorskip("tensorstore")
+    fmt = 3 if (path / "zarr.json").exists() else 2
+    spec = {"driver": "zarr3" if fmt == 3 else "zarr", "kvstore": {"driver": "file", "path": str(path)}}
+    return ts.open(spec, open=True).result().read().result()
+
+
 @pytest.mark.parametrize("where", ["host", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize(
     "fmt,chain,sharded",
-    TENSORSTORE_CHAINS,
-    ids=[f"v{f}-{c}{'-sharded' if s else ''}" for f, c, s in TENSORSTORE_CHAINS],
+    OTHER_READER_CHAINS,
+    ids=[f"v{f}-{c}{'-sharded' if s else ''}" for f, c, s in OTHER_READER_CHAINS],
 )
-def test_tensorstore_reads_what_the_engine_writes(tmp_path, where, fmt, chain, sharded):
-    """Another Zarr implementation (tensorstore) reads the engine's files as the values
-    written: chunks of the fill value left out, edge chunks, shard indexes, and on the GPU
-    nvCOMP's zstd frames and Blosc blocks."""
-    ts = pytest.importorskip("tensorstore")
+@pytest.mark.parametrize("reader", [_tensorstore, _zarrs], ids=["tensorstore", "zarrs"])
+def test_other_readers_read_what_the_engine_writes(tmp_path, reader, where, fmt, chain, sharded):
+    """Other Zarr implementations (tensorstore; zarrs, where installed) read the engine's
+    files as the values written: chunks of the fill value left out, edge chunks, shard
+    indexes, and on the GPU nvCOMP's zstd frames and Blosc blocks."""
     ds = _dataset("f4", (9, 34, 41))
     if sharded:
         enc = {"v": _sharded(chain, (2, 5, 8), (4, 10, 16), "end", True)}
@@ -1119,14 +1135,9 @@ def test_tensorstore_reads_what_the_engine_writes(tmp_path, where, fmt, chain, s
         data.cupy.to_zarr(tmp_path / "e.zarr", zarr_format=fmt, encoding=enc)
     assert reports[0].arrays == ["v"], str(reports[0])
     if where == "gpu":
-        assert reports[0].encoder == ("gpu" if chain in NVCOMP_CHAINS | {"none", "crc32c"} else "cpu"), str(
-            reports[0]
-        )
-    spec = {
-        "driver": "zarr3" if fmt == 3 else "zarr",
-        "kvstore": {"driver": "file", "path": str(tmp_path / "e.zarr" / "v")},
-    }
-    got = ts.open(spec, open=True).result().read().result()
+        gpu = chain in NVCOMP_CHAINS | {"none", "crc32c"}
+        assert reports[0].encoder == ("gpu" if gpu else "cpu"), str(reports[0])
+    got = reader(tmp_path / "e.zarr" / "v")
     assert got.dtype == np.float32 and got.shape == ds.v.shape
     np.testing.assert_array_equal(got, ds.v.values)
 
