@@ -176,22 +176,21 @@ class _Files:
     def held(self, budget: int) -> int:
         """Device memory the batches whose files are not all written hold (a batch of unknown
         memory counts as ``budget``)."""
-        while self.batches and all(f.done() for f in self.pending[self.batches[0][0] : self._end(0)]):
+        while self.batches and all(f.done() for f in self._oldest()):
             self.batches.pop(0)
         return sum(budget if b is None else b for _, b in self.batches)
 
     def wait_within(self, budget: int, more: int | None) -> None:
         """Wait for the oldest batches' files until another ``more`` bytes fit in ``budget``
         beside those still being written (None: until all are written)."""
-        while self.batches:
-            if more is not None and self.held(budget) + more <= budget or not self.batches:
-                return
-            end = self._end(0)
-            start, _ = self.batches.pop(0)
-            self._results(self.pending[start:end])
+        while (more is None or self.held(budget) + more > budget) and self.batches:
+            self._results(self._oldest())
+            self.batches.pop(0)
 
-    def _end(self, k: int) -> int:
-        return self.batches[k + 1][0] if k + 1 < len(self.batches) else len(self.pending)
+    def _oldest(self) -> list[cf.Future]:
+        """The files of the oldest batch still being written."""
+        end = self.batches[1][0] if len(self.batches) > 1 else len(self.pending)
+        return self.pending[self.batches[0][0] : end]
 
     def put(self, key: str, data: np.ndarray | DeviceChunk, crc: int | None = None) -> None:
         """Write ``data`` (host bytes, or bytes in device memory the thread copies out) as
