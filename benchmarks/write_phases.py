@@ -189,20 +189,26 @@ def main() -> None:
     codec = zarr.codecs.ZstdCodec(level=1) if args.codec == "zstd" else zn.LZ4()
     encoding = {"field": {"chunks": TILE, "compressors": codec}}
     target = root / "engine.zarr"
-    share = encoders.CPU_SHARE.get(algo, 0.0)
-    for size in [int(b) for b in args.batches.split(",")]:
-        encoders.GPU_BATCH_CHUNKS = size
+
+    def engine(label: str) -> None:
+        """The engine's write of ``ds`` as the settings stand, best of three, with its last report."""
         with PeakGPUMemory() as mem, record_writes() as reports:
             s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, True))
         r = reports[-1]
+        stored = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
         print(
-            f"  engine, batches of {size:<5} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   "
-            f"(CPU share {share}; its first run {FIRST[-1] * 1e3:.0f} ms; "
-            f"last: {r.batches} batches, encoder wait {r.encode_wait_s * 1e3:.0f} ms, file wait "
-            f"{r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; batches held "
-            f"{r.device_bytes / 2**30:.2f} GiB, peak GPU {mem.used / field.nbytes:.2f}x data)",
+            f"  engine, {label:<30} {s * 1e3:7.1f} ms {gb / s:6.2f} GB/s  ({r.encoder}; first run "
+            f"{FIRST[-1] * 1e3:.0f} ms; last: {r.batches} batches, encoder wait {r.encode_wait_s * 1e3:.0f} "
+            f"ms, file wait {r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; batches "
+            f"held {r.device_bytes / 2**30:.2f} GiB, stored {stored / 2**20:.0f} MiB, peak GPU "
+            f"{mem.used / field.nbytes:.2f}x data)",
             flush=True,
         )
+
+    share = encoders.CPU_SHARE.get(algo, 0.0)
+    for size in [int(b) for b in args.batches.split(",")]:
+        encoders.GPU_BATCH_CHUNKS = size
+        engine(f"batches of {size} (CPU share {share})")
     encoders.GPU_BATCH_CHUNKS = 256
     own_plan = chunks._plan
     for text in [t for t in args.plans.split(";") if t]:
@@ -213,59 +219,27 @@ def main() -> None:
         chunks._plan = own_plan if plan is None else (lambda total, cap, row, plan=plan: list(plan))
         for depth, pack in [(int(d), int(p)) for d in args.depths.split(",") for p in args.pack.split(",")]:
             encoders.IN_FLIGHT, encoders.PACK_OUTPUT = depth, bool(pack)
-            with PeakGPUMemory() as mem, record_writes() as reports:
-                s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, 1))
-            r = reports[-1]
-            print(
-                f"  engine, plan {text:<20} depth {depth} pack {pack} {s * 1e3:7.1f} ms {gb / s:6.2f} GB/s  "
-                f"(first run {FIRST[-1] * 1e3:.0f} ms; last: encoder wait {r.encode_wait_s * 1e3:.0f} ms, "
-                f"file wait {r.file_wait_s * 1e3:.0f} ms, chunks {r.seconds * 1e3:.0f} ms of it; "
-                f"peak GPU {mem.used / field.nbytes:.2f}x data)",
-                flush=True,
-            )
+            engine(f"plan {text} depth {depth} pack {pack}")
     chunks._plan = own_plan
     encoders.IN_FLIGHT, encoders.PACK_OUTPUT = 2, True
     if args.trace:
         _trace(ds, target, encoding, chunks, encoders)
-    for threads in [int(x) for x in args.file_threads.split(",") if x]:
-        from cupy_xarray import set_options
+    from cupy_xarray import set_options
 
-        with set_options(decode_threads=threads), record_writes() as reports:
-            s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, 1))
-        r = reports[-1]
-        print(
-            f"  engine, {threads:>2} file threads   {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   (encoder wait "
-            f"{r.encode_wait_s * 1e3:.0f} ms, file wait {r.file_wait_s * 1e3:.0f} ms)",
-            flush=True,
-        )
+    for threads in [int(x) for x in args.file_threads.split(",") if x]:
+        with set_options(decode_threads=threads):
+            engine(f"{threads} file threads")
     encoders.GPU_BATCH_CHUNKS = per
     for share in [float(x) for x in args.shares.split(",") if x]:
         encoders.CPU_SHARE[algo] = share
-        with PeakGPUMemory() as mem, record_writes() as reports:
-            s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, True))
-        r = reports[-1]
-        stored = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
-        print(
-            f"  engine, CPU share {share:<4} {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   ({r.encoder}, "
-            f"batches of {per}, encoder wait {r.encode_wait_s * 1e3:.0f} ms, file wait "
-            f"{r.file_wait_s * 1e3:.0f} ms, stored {stored / 2**20:.0f} MiB, peak GPU "
-            f"{mem.used / field.nbytes:.2f}x data)",
-            flush=True,
-        )
+        engine(f"CPU share {share}, batches of {per}")
     # the same write with the chunks compressed by CPU threads (a batch copied to the host at a time)
     gpu_supports = encoders.GPUEncoder.supports
     encoders.GPUEncoder.supports = lambda self, recipe, chunk_bytes=0: not recipe.compressed
     try:
-        with record_writes() as reports:
-            s = best(lambda: ds.cupy.to_zarr(target, encoding=encoding), lambda: shutil.rmtree(target, True))
+        engine("CPU threads encode")
     finally:
         encoders.GPUEncoder.supports = gpu_supports
-    stored = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
-    print(
-        f"  engine, CPU threads encode {s * 1e3:8.1f} ms  {gb / s:6.2f} GB/s   ({reports[-1].encoder}, "
-        f"stored {stored / 2**20:.0f} MiB)",
-        flush=True,
-    )
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -328,8 +302,7 @@ def _copies(job, sizes, root: Path) -> None:
         ("one copy into page-locked memory", lambda: dense.get(stream=stream, out=pinned)),
         ("one copy into pageable memory", lambda: dense.get(stream=stream, out=pageable)),
     ]:
-        fn()
-        s = min(_seconds(fn) for _ in range(3))
+        s = best(fn)
         print(f"  {name:<34} {s * 1e3:7.2f} ms ({total / s / 1e9:5.1f} GB/s)", flush=True)
     t = time.perf_counter()
     fresh = cupyx.empty_pinned((total,), np.uint8)
@@ -359,12 +332,6 @@ def _copies(job, sizes, root: Path) -> None:
                 s = time.perf_counter() - t
             print(f"  1024 files, {what:<26} {threads} threads: {s * 1e3:7.1f} ms", flush=True)
     shutil.rmtree(root, ignore_errors=True)
-
-
-def _seconds(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def _parse_plan(text: str) -> list[int]:
