@@ -406,15 +406,16 @@ class GPUEncoder:
                     _blosc_chunk(out, k * slot, int(sizes[k]), buf, k * row, nbytes, blosc) for k in range(n)
                 ]
                 return Encoded([c if keep[k] else None for k, c in enumerate(chunks)])
-            if PACK_OUTPUT:
-                owner, at, ready = _packed(out, sizes, keep, stream)
-                device_bytes = owner.nbytes
-            else:  # the chunks stay in their slots until the batch's files are written
-                owner, at, ready, device_bytes = out, [k * slot for k in range(n)], None, None
+            if not PACK_OUTPUT:  # the chunks stay in their slots until the batch's files are written
+                chunks = [
+                    DeviceChunk(out, k * slot, int(sizes[k]), prefix) if keep[k] else None for k in range(n)
+                ]
+                return Encoded(chunks, _crc_list(crcs))
+            dense, at, ready = _packed(out, sizes, keep, stream)
             chunks = [
-                DeviceChunk(owner, at[k], int(sizes[k]), prefix, ready) if keep[k] else None for k in range(n)
+                DeviceChunk(dense, at[k], int(sizes[k]), prefix, ready) if keep[k] else None for k in range(n)
             ]
-            return Encoded(chunks, _crc_list(crcs), device_bytes)
+            return Encoded(chunks, _crc_list(crcs), dense.nbytes)
 
         return Pending(compressed, held_bytes + (src.nbytes if src is not buf else 0))
 
