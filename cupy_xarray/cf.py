@@ -88,11 +88,13 @@ def device_agnostic(data: Any) -> Any:
 
 
 def find_backend_array(data: Any, cls: type) -> Any:
-    """The first ``cls`` instance in a chain of xarray's lazy wrappers, or None."""
+    """The first ``cls`` instance in a chain of xarray's lazy wrappers (and the engine's dask
+    chunk source), or None."""
     seen = 0
     while data is not None and seen < 32:
         if isinstance(data, cls):
             return data
-        data = getattr(data, "array", None)
+        inner = getattr(data, "array", None)
+        data = inner if inner is not None else getattr(data, "adapter", None)
         seen += 1
     return None

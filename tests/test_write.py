@@ -55,6 +55,8 @@ def _dataset(dtype="f4", shape=(7, 30, 41), seed=0, holes=True) -> xr.Dataset:
     elif kind in "iu":
         data = np.clip(values, 0 if kind == "u" else -1000, 1000).astype(dtype)
     else:
+        if kind == "c":  # parts that differ everywhere: a swap of real and imaginary shows
+            values = values + 1j * (np.cos(np.arange(n) / 7).reshape(shape) * 50 + 0.5)
         data = values.astype(dtype)
         if holes:
             cut = (slice(None), slice(0, shape[1] // 3)) if len(shape) > 1 else slice(0, shape[0] // 3)
@@ -277,11 +279,14 @@ def test_dask_coordinates_are_written(tmp_path, scheduler):
 
 
 @pytest.mark.parametrize("fmt", [2, 3])
-def test_big_endian_stores(tmp_path, fmt):
-    ds = _dataset("f4")
+@pytest.mark.parametrize("dtype", ["f4", "i2", "c8", "c16"])
+def test_big_endian_stores(tmp_path, fmt, dtype):
+    """Big-endian stores: each element's bytes reversed, each part's for complex numbers (real
+    and imaginary parts stay in place)."""
+    ds = _dataset(dtype)
     enc = {"v": {"chunks": (2, 8, 16), "compressors": _chains(fmt)["zstd-1"]}}
     if fmt == 2:  # v2: the dtype says it; the data are big-endian in memory too
-        ds["v"] = ds.v.astype(">f4")
+        ds["v"] = ds.v.astype(">" + dtype)
     else:  # v3: the bytes codec says it
         enc["v"]["serializer"] = zarr.codecs.BytesCodec(endian="big")
     ds.to_zarr(tmp_path / "x.zarr", zarr_format=fmt, encoding=enc)
@@ -289,6 +294,8 @@ def test_big_endian_stores(tmp_path, fmt):
         ds.cupy.to_zarr(tmp_path / "e.zarr", zarr_format=fmt, encoding=enc)
     assert reports[0].arrays == ["v"]
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    stored = zarr.open_array(tmp_path / "e.zarr" / "v", mode="r")[...]
+    np.testing.assert_array_equal(stored, ds.v.values)  # not only as xarray writes: the values
 
 
 @pytest.mark.parametrize("where", ["none", "variable", "argument"])
@@ -769,6 +776,19 @@ def test_the_store_a_dataset_is_read_from_is_not_overwritten(tmp_path):
         with pytest.raises(ValueError, match="variable 'v' is still read from"):
             lazy.isel(t=slice(0, 3)).cupy.to_zarr(tmp_path / "s.zarr", mode="w")
     (lazy.load() * 2).cupy.to_zarr(tmp_path / "twice.zarr", mode="w")  # loaded: written anywhere
+    for engine in ("kvikio", "zarr"):  # dask arrays read from it, as opened and derived
+        kw = {"device": "cpu"} if engine == "kvikio" else {}
+        for chunks in ({}, "auto", {"t": 2}):
+            source = xr.open_dataset(tmp_path / "s.zarr", engine=engine, chunks=chunks, **kw)
+            for derived in (source, source * 2, source.isel(t=[0, 2]).mean("t"), source.v.rename("w")):
+                with pytest.raises(ValueError, match="still read from"):
+                    derived.cupy.to_zarr(tmp_path / "s.zarr", mode="w")
+                with pytest.raises(ValueError, match="still read from"):  # a group of the store too
+                    derived.cupy.to_zarr(tmp_path / "s.zarr", mode="w", group="g")
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "s.zarr", engine="zarr").load(), ds)
+    tree = xr.open_datatree(tmp_path / "s.zarr", engine="zarr", chunks={})
+    with pytest.raises(ValueError, match="still read from"):
+        tree.cupy.to_zarr(tmp_path / "s.zarr", mode="w")
     xr.testing.assert_identical(xr.open_dataset(tmp_path / "s.zarr", engine="zarr").load(), ds)
     with pytest.raises(Exception) as xarray_says:  # noqa: PT011 - whatever xarray raises
         ds.to_zarr(tmp_path / "s.zarr")
@@ -1004,7 +1024,7 @@ def test_gpu_dask_blocks_are_written_by_the_engine(tmp_path, chain):
         (2, "blosc-zstd", ""),
     ],
 )
-@pytest.mark.parametrize("dtype", ["f4", "f8", "i2"])
+@pytest.mark.parametrize("dtype", ["f4", "f8", "i2", "c8", "c16"])
 def test_gpu_chunks_of_odd_sizes(tmp_path, fmt, chain, endian, dtype):
     """Chunks whose bytes are not a multiple of the rows' alignment (420 bytes of f4), edge
     chunks padded, big-endian v3 stores (their bytes codec says it)."""

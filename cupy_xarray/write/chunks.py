@@ -140,13 +140,14 @@ def _empties(xp: Any, rows: Any, nbytes: int, native: np.dtype, fill: Any) -> An
 
 def _stored_order(xp: Any, rows: Any, shape: tuple[int, ...], native: np.dtype, recipe: Recipe) -> None:
     """Rearrange rows of C-ordered native elements as the recipe stores them: Fortran order,
-    big-endian bytes."""
+    big-endian bytes (of each component of a complex number, as NumPy's ``>c8`` stores them)."""
     n = rows.shape[0]
     if recipe.order == "F" and len(shape) > 1:
         for k in range(n):
             c = rows[k].view(native).reshape(shape)
             rows[k] = xp.ascontiguousarray(c.T).reshape(-1).view(xp.uint8)
-    size = native.itemsize
+    # each element's bytes reversed (each component's, for complex numbers)
+    size = native.itemsize // 2 if native.kind == "c" else native.itemsize
     if recipe.big_endian and size > 1:
         rows[...] = xp.ascontiguousarray(rows.reshape(n, -1, size)[:, :, ::-1]).reshape(rows.shape)
 

@@ -235,35 +235,65 @@ def _origins(root: Path, ds: xr.Dataset, names: list, kind: str, kwargs: dict) -
 
 
 def _refuse_overwriting_a_source(ds: xr.Dataset, root: Path | None, kwargs: dict) -> None:
-    """``mode="w"`` deletes the store first: never the store ``ds`` is still read from."""
+    """``mode="w"`` deletes the store first: never the store ``ds`` is still read from (by a
+    lazily indexed variable, or by a dask array whose graph reads it, derived ones included)."""
     if root is None or kwargs.get("mode") != "w":
         return
     target = root.resolve()
     for name, var in ds.variables.items():
-        src = _read_from(var)
-        if src is not None and (src == target or target in src.parents):
-            raise ValueError(
-                f"to_zarr(mode='w') would delete {str(target)!r}, which variable {name!r} is still read "
-                "from: load it first (ds.load()), or write to another path"
-            )
+        for src in _read_from(var._data):
+            if src == target or target in src.parents or src in target.parents:
+                raise ValueError(
+                    f"to_zarr(mode='w') would delete {str(target)!r}, which variable {name!r} is still "
+                    "read from: load it first (ds.load()), or write to another path"
+                )
 
 
-def _read_from(var: xr.Variable) -> Path | None:
-    """The local directory a lazy (not loaded) variable is still read from, or None."""
+def _read_from(data: Any) -> set[Path]:
+    """The local directories lazy (not loaded) data is still read from: its own backend array,
+    or every backend array a dask graph reads."""
+    if is_dask_array(data):
+        found: set[Path] = set()
+        for value in dict(data.__dask_graph__()).values():
+            for leaf in _graph_leaves(value):
+                found |= _read_from(leaf)
+        return found
     from xarray.backends.zarr import ZarrArrayWrapper
 
     from ..backend import KvikioBackendArray
     from ..cf import find_backend_array
 
-    lazy = find_backend_array(var._data, KvikioBackendArray)
+    lazy = find_backend_array(data, KvikioBackendArray)
     if lazy is not None:
-        return Path(lazy.spec.directory).resolve() if lazy.spec.source is None else None
-    wrapper = find_backend_array(var._data, ZarrArrayWrapper)
+        return {Path(lazy.spec.directory).resolve()} if lazy.spec.source is None else set()
+    wrapper = find_backend_array(data, ZarrArrayWrapper)
     store_path = getattr(getattr(wrapper, "_array", None), "store_path", None)
     root = getattr(getattr(store_path, "store", None), "root", None)
     if root is None:
-        return None
-    return (Path(root) / getattr(store_path, "path", "")).resolve()
+        return set()
+    return {(Path(root) / getattr(store_path, "path", "")).resolve()}
+
+
+def _graph_leaves(value: Any, depth: int = 0) -> Any:
+    """The objects a dask graph's value holds that may be lazily read arrays: the value, what a
+    data node holds, a task's arguments (``from_array(..., inline_array=True)``), tuples'."""
+    if depth > 8:
+        return
+    if hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, np.ndarray):
+        yield value
+        return
+    inner = getattr(value, "value", None)  # dask's DataNode
+    if inner is not None and type(value).__name__ == "DataNode":
+        yield from _graph_leaves(inner, depth + 1)
+        return
+    args = getattr(value, "args", None)  # dask's Task
+    if isinstance(args, tuple) and hasattr(value, "func"):
+        for arg in (*args, *getattr(value, "kwargs", {}).values()):
+            yield from _graph_leaves(arg, depth + 1)
+        return
+    if isinstance(value, tuple | list):
+        for item in value:
+            yield from _graph_leaves(item, depth + 1)
 
 
 @dataclass
