@@ -1196,3 +1196,67 @@ def test_batches_wait_for_files_only_past_their_memory_budget(tmp_path):
         gates[1].set()
         unknown.result(timeout=5)
         assert files.held(100) == 0 and not files.batches
+
+
+@pytest.mark.parametrize("empty", [True, None])
+@pytest.mark.parametrize("shape", [(9, 30, 41), (8, 32, 48)])
+def test_edge_shards_hold_no_inner_chunk_outside_the_array(tmp_path, empty, shape):
+    """An edge shard's inner chunks wholly outside the array are stored by nobody, written empty
+    or not: the files are zarr-python's."""
+    ds = _dataset("f4", shape)
+    enc = {"v": {"chunks": (2, 8, 8), "shards": (4, 16, 32)}}
+    kw = {} if empty is None else {"write_empty_chunks": empty}
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc, **kw)
+    with record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc, **kw)
+    assert reports[0].arrays == ["v"], str(reports[0])
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
+@pytest.mark.parametrize("dtype", ["i4", "u1", "bool", "f4"])
+def test_v2_null_fill_values_leave_out_chunks_of_zeros(tmp_path, dtype):
+    """zarr v2 arrays of fill value null (xarray's default for integers and booleans): chunks
+    of the dtype's zero are left out, as zarr-python leaves them out; a float chunk of -0.0
+    is written (bit for bit not the zero), on a new store, an append and a region."""
+    values = np.zeros((6, 8), dtype=dtype)
+    values[2:4] = 1
+    ds = xr.Dataset({"v": (("t", "x"), values)})
+    enc = {"v": {"chunks": (2, 4), "_FillValue": None}} if dtype == "f4" else {"v": {"chunks": (2, 4)}}
+    for name in ("x", "e"):
+        write = ds.to_zarr if name == "x" else ds.cupy.to_zarr
+        write(tmp_path / f"{name}.zarr", zarr_format=2, encoding=enc)
+    assert zarr.open_array(tmp_path / "x.zarr" / "v", mode="r").metadata.fill_value is None
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    more = xr.Dataset({"v": (("t", "x"), np.zeros((2, 8), dtype=dtype))})
+    if dtype == "f4":
+        more.v[:, :4] = -0.0
+    for name in ("x", "e"):
+        write = more.to_zarr if name == "x" else more.cupy.to_zarr
+        with record_writes() as reports:
+            write(tmp_path / f"{name}.zarr", append_dim="t")
+        write(tmp_path / f"{name}.zarr", region={"t": slice(2, 4)})
+        if name == "e":
+            assert reports[0].arrays == ["v"], str(reports[0])
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    want = np.concatenate([values, more.v.values])
+    want[2:4] = more.v.values  # the region
+    stored = zarr.open_array(tmp_path / "e.zarr" / "v", mode="r")[...]
+    assert stored.tobytes() == want.tobytes()  # bit for bit: -0.0 stays -0.0
+
+
+@pytest.mark.parametrize("empty", [True, False])
+def test_dask_variables_xarray_writes_keep_the_calls_arguments(tmp_path, empty):
+    """Dask variables whose blocks cross zarr chunks go to xarray after the metadata: with the
+    call's ``write_empty_chunks`` (and its chunk checks), the files xarray writes."""
+    import dask
+
+    ds = _dataset("f4", (8, 32, 48)).chunk({"t": 3})  # blocks across chunks of 2
+    enc = {"v": {"chunks": (2, 8, 8)}}
+    with dask.config.set(scheduler="synchronous"):  # blocks sharing chunks: one after another
+        ds.to_zarr(tmp_path / "x.zarr", encoding=enc, write_empty_chunks=empty, safe_chunks=False)
+        ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc, write_empty_chunks=empty, safe_chunks=False)
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+    with pytest.raises(ValueError) as xarray_says:  # noqa: PT011 - unsafe chunks: what xarray raises
+        ds.to_zarr(tmp_path / "x2.zarr", encoding=enc)
+    with pytest.raises(type(xarray_says.value)):
+        ds.cupy.to_zarr(tmp_path / "e2.zarr", encoding=enc)

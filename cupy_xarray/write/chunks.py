@@ -135,6 +135,9 @@ def _empties(xp: Any, rows: Any, nbytes: int, native: np.dtype, fill: Any) -> An
     values = rows.view(native)[:, : nbytes // native.itemsize]
     if native.kind in "fc" and np.isnan(fill):
         return xp.isnan(values).all(axis=1)
+    if native.kind == "f" and fill == 0:  # bit for bit, as zarr-python: -0.0 is not the fill 0.0
+        bits = np.dtype(f"u{native.itemsize}")
+        return (values.view(bits) == xp.asarray(fill, dtype=native).view(bits)).all(axis=1)
     return (values == xp.asarray(fill, dtype=native)).all(axis=1)
 
 
@@ -312,11 +315,12 @@ def write_array(
     if len(ends) != len(meta.shape) or any(e > n for e, n in zip(ends, meta.shape)):
         raise ValueError(f"{directory}: data of shape {data.shape} from chunk {origin} outside {meta.shape}")
     native = data.dtype.newbyteorder("=")
-    fill = np.asarray(meta.fill_value, dtype=native)[()] if meta.fill_value is not None else None
+    # a v2 fill value of null: zarr-python pads with, and leaves out chunks of, the dtype's zero
+    fill = np.asarray(0 if meta.fill_value is None else meta.fill_value, dtype=native)[()]
     if write_empty is None:
         write_empty = bool(zarr.config.get("array.write_empty_chunks", False))
-    check_empty = fill is not None and not write_empty
-    pad = fill if fill is not None else np.zeros((), native)[()]
+    check_empty = not write_empty
+    pad = fill
     grid = [range(-(-n // c)) for n, c in zip(data.shape, unit)]
     indexes = list(np.ndindex(*[len(g) for g in grid])) if data.ndim else [()]
     nbytes = int(np.prod(shape)) * native.itemsize
@@ -438,8 +442,11 @@ def _finish(
     crcs = encoded.crc32c or [None] * len(encoded.chunks)
     if shard is not None:
         for u, idx in enumerate(batch):
-            key = meta.encode_chunk_key(tuple(o + i for o, i in zip(origin, idx)))
+            unit = tuple(o + i for o, i in zip(origin, idx))
+            key = meta.encode_chunk_key(unit)
             pieces = encoded.chunks[u * per : (u + 1) * per]
+            for j in _beyond(shard, unit, meta.shape):  # zarr-python stores none of them, empty or not
+                pieces[j] = None
             written = sum(p is not None for p in pieces)
             report.empty += per - written
             if not written:  # every inner chunk holds only the fill value: no shard
@@ -461,6 +468,20 @@ def _finish(
         report.chunks += 1
         report.stored += len(enc) + (4 if files.crc32c else 0)
         report.nbytes += nbytes
+
+
+def _beyond(shard: ShardRecipe, unit: tuple[int, ...], shape: tuple[int, ...]) -> list[int]:
+    """The inner chunks (C order) of shard ``unit`` that lie wholly outside an array of
+    ``shape`` (an edge shard's padding): never stored."""
+    size = shard.layout.shard_shape
+    grid = tuple(u // c for u, c in zip(size, shard.inner))
+    if all((i + 1) * u <= n for i, u, n in zip(unit, size, shape)):
+        return []
+    return [
+        j
+        for j, pos in enumerate(np.ndindex(*grid))
+        if any(i * u + p * c >= n for i, u, p, c, n in zip(unit, size, pos, shard.inner, shape))
+    ]
 
 
 def _streams(xp: Any, n: int) -> list:

@@ -168,6 +168,9 @@ def _kind(root: Path | None, kwargs: dict) -> str | None:
     return None
 
 
+#: the arguments this xarray's ``Dataset.to_zarr`` takes
+_TO_ZARR = frozenset(inspect.signature(xr.Dataset.to_zarr).parameters)
+
 #: open_dataset's argument that leaves the indexes unloaded, where this xarray has it
 _NO_INDEXES = (
     {"create_default_indexes": False}
@@ -436,7 +439,9 @@ def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool,
     import dask
 
     later = []
-    sub = {k: v for k, v in kwargs.items() if k in ("zarr_format", "zarr_version")}
+    # what xarray's write of the variables left to it keeps from the call
+    kept = ("zarr_format", "zarr_version", "write_empty_chunks", "safe_chunks", "align_chunks")
+    sub = {k: v for k, v in kwargs.items() if k in kept and k in _TO_ZARR}
     for node in nodes:  # xarray writes these from host copies (block by block), into the arrays made
         if node.lazy:
             part = xr.Dataset({n: _host(node.ds.variables[n]) for n in node.lazy})
