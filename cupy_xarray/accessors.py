@@ -111,9 +111,17 @@ class CupyDataArrayAccessor:
         """
         from .write import to_zarr
 
+        from xarray.backends.api import DATAARRAY_NAME, DATAARRAY_VARIABLE
+
         da = self._da
-        name = da.name if da.name is not None else "__xarray_dataarray_variable__"
-        return to_zarr(da.to_dataset(name=name, promote_attrs=False), store, **kwargs)
+        if da.name is None:
+            ds = da.to_dataset(name=DATAARRAY_VARIABLE, promote_attrs=False)
+        elif da.name in da.coords or da.name in da.dims:  # kept under xarray's name, as xarray does
+            ds = da.to_dataset(name=DATAARRAY_VARIABLE, promote_attrs=False)
+            ds.attrs[DATAARRAY_NAME] = da.name
+        else:
+            ds = da.to_dataset(promote_attrs=False)
+        return to_zarr(ds, store, **kwargs)
 
 
 @xr.register_dataset_accessor("cupy")

@@ -1,0 +1,129 @@
+"""A pytest plugin that routes xarray's own Zarr tests through cupy-xarray.
+
+Loaded by ``tools/conformance.py`` (``-p conformance_route``); ``CUPY_XARRAY_ROUTE`` says what
+is routed:
+
+``baseline``
+    nothing: xarray's tests as they are, the bar the other routes are held to.
+``reads``
+    every open whose engine is (or is guessed to be) ``"zarr"`` goes through ``engine="kvikio"``
+    on ``CUPY_XARRAY_ROUTE_DEVICE`` (``cpu`` or ``gpu``).
+``writes``
+    every ``Dataset``/``DataArray``/``DataTree.to_zarr`` goes through ``.cupy.to_zarr``.
+``engine-writes``
+    as ``writes``, and small Datasets are written by the engine's writer too (by default a
+    Dataset of less than 8 MiB is written by xarray from host copies).
+
+Calls made from inside cupy-xarray itself (which opens stores with ``engine="zarr"`` and writes
+metadata with xarray's ``to_zarr``) are never routed. Every test's outcome is appended to the
+JSON-lines file ``CUPY_XARRAY_ROUTE_LOG``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import sys
+
+import pytest
+
+ROUTE = os.environ.get("CUPY_XARRAY_ROUTE", "baseline")
+DEVICE = os.environ.get("CUPY_XARRAY_ROUTE_DEVICE", "cpu")
+_OURS = os.sep + "cupy_xarray" + os.sep
+
+
+def _from_cupy_xarray() -> bool:
+    """Whether cupy-xarray is on the call stack (its own opens and writes stay as they are)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if _OURS in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _route_reads() -> None:
+    from xarray.backends import plugins
+
+    from cupy_xarray.backend import KvikioBackendEntrypoint
+
+    class Routed(KvikioBackendEntrypoint):
+        """``engine="kvikio"`` on the route's device, standing in for ``engine="zarr"``."""
+
+        def open_dataset(self, filename_or_obj, **kwargs):  # type: ignore[override]
+            kwargs.setdefault("device", DEVICE)
+            return super().open_dataset(filename_or_obj, **kwargs)
+
+        def open_datatree(self, filename_or_obj, **kwargs):  # type: ignore[override]
+            kwargs.setdefault("device", DEVICE)
+            return super().open_datatree(filename_or_obj, **kwargs)
+
+        def open_groups_as_dict(self, filename_or_obj, **kwargs):  # type: ignore[override]
+            kwargs.setdefault("device", DEVICE)
+            return super().open_groups_as_dict(filename_or_obj, **kwargs)
+
+    original = plugins.get_backend
+
+    @functools.wraps(original)
+    def get_backend(engine):
+        if engine == "zarr" and not _from_cupy_xarray():
+            return Routed()
+        return original(engine)
+
+    plugins.get_backend = get_backend
+
+
+def _route_writes(small: bool) -> None:
+    import xarray as xr
+
+    import cupy_xarray  # noqa: F401 - the .cupy accessor
+
+    if small:
+        from cupy_xarray.write import dataset
+
+        dataset.SMALL_WRITE_BYTES = 0
+
+    for cls in (xr.Dataset, xr.DataArray, xr.DataTree):
+        original = cls.to_zarr
+        signature = inspect.signature(original)
+
+        def routed(self, *args, __original=original, __signature=signature, **kwargs):
+            if _from_cupy_xarray():
+                return __original(self, *args, **kwargs)
+            bound = __signature.bind(self, *args, **kwargs).arguments
+            bound.pop("self")
+            bound.update(bound.pop("kwargs", {}))
+            return self.cupy.to_zarr(**bound)
+
+        functools.update_wrapper(routed, original)
+        cls.to_zarr = routed
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if ROUTE == "reads":
+        _route_reads()
+    elif ROUTE in ("writes", "engine-writes"):
+        _route_writes(small=ROUTE == "engine-writes")
+    elif ROUTE != "baseline":
+        raise pytest.UsageError(f"CUPY_XARRAY_ROUTE={ROUTE!r}: baseline, reads, writes or engine-writes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    log = os.environ.get("CUPY_XARRAY_ROUTE_LOG")
+    if not log:
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        state = "xfailed" if hasattr(report, "wasxfail") and report.skipped else report.outcome
+        if hasattr(report, "wasxfail") and report.passed:
+            state = "xpassed"
+        message = ""
+        if report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            message = crash.message if crash is not None else str(report.longrepr)[-500:]
+        with open(log, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "outcome": state, "message": message[:1000]}) + "\n")
