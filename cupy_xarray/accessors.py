@@ -109,9 +109,9 @@ class CupyDataArrayAccessor:
         What :meth:`xarray.Dataset.to_zarr` returns: a ``ZarrStore``, or with ``compute=False``
         a dask ``Delayed`` that writes the dask arrays.
         """
-        from .write import to_zarr
-
         from xarray.backends.api import DATAARRAY_NAME, DATAARRAY_VARIABLE
+
+        from .write import to_zarr
 
         da = self._da
         if da.name is None:

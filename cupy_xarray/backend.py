@@ -26,7 +26,7 @@ from .device import Device, PrototypeDevice, resolve_device, start_gpu
 from .engine import array_spec, read_arrays
 from .engine.decoders import decode_choice
 from .engine.plan import normalize_selection
-from .errors import StoreError
+from .errors import StoreError, StoreNotFoundError
 from .options import Options, get_options, using
 
 
@@ -105,6 +105,13 @@ class KvikioBackendArray(BackendArray):
         return indexing.explicit_indexing_adapter(
             key, self.shape, indexing.IndexingSupport.OUTER, self._raw_getitem
         )
+
+    async def async_getitem(self, key: indexing.ExplicitIndexer) -> Any:
+        """``__getitem__`` on a thread of asyncio's pool (``load_async``): the engine's read
+        blocks, its threads do the I/O; the event loop goes on meanwhile."""
+        import asyncio
+
+        return await asyncio.to_thread(self.__getitem__, key)
 
     def read(self, key: tuple) -> Any:
         """The selection ``key`` (a tuple of ints, slices and 1-D integer arrays, outer
@@ -278,7 +285,7 @@ def _stores(
         )
     if local is not None:
         if not os.path.exists(local):
-            raise StoreError(f"no such Zarr store: {local!r} does not exist")
+            raise StoreNotFoundError(f"no such Zarr store: {local!r} does not exist")
         # every form of a local store gets the same containment (and the engine's reads)
         containment = Containment.for_store(local, allow_external_links)
         if tree:

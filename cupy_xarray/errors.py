@@ -49,6 +49,11 @@ class StoreError(CupyXarrayError, ValueError):
     """The store, group or variable asked for does not exist or is not usable."""
 
 
+class StoreNotFoundError(StoreError, FileNotFoundError):
+    """The store (or group) asked for does not exist: ``except FileNotFoundError`` catches it, as
+    it catches what ``engine="zarr"`` raises."""
+
+
 class UnsafeStoreError(StoreError):
     """Store metadata that would make the reader leave the store root, or allocate absurdly.
 

@@ -107,6 +107,25 @@ def test_open_dataset_matches_zarr_engine(store, device, opts):
         assert ds[name].encoding.get("dtype", None) == ref[name].encoding.get("dtype", None)
 
 
+def test_load_async_reads_what_load_reads(store, device):
+    """``load_async`` (xarray's asynchronous loading) reads through the engine, off the event
+    loop, the values ``load`` reads: variables at once and an indexed selection."""
+    import asyncio
+
+    path, fmt, consolidated = store
+    ref = xr.open_dataset(path, engine="zarr", consolidated=consolidated).load()
+    ds = xr.open_dataset(path, engine="kvikio", device=device, consolidated=consolidated)
+
+    async def both():
+        whole = ds.load_async()
+        part = ds.packed.isel(time=slice(2, 7), x=[0, 3]).load_async()
+        return await asyncio.gather(whole, part)
+
+    whole, part = asyncio.run(both())
+    _assert_same(whole, ref, device)
+    np.testing.assert_array_equal(host(part.data), ref.packed.isel(time=slice(2, 7), x=[0, 3]).values)
+
+
 def test_groups(store, device):
     path, fmt, consolidated = store
     ref = xr.open_dataset(path, engine="zarr", group="inner/deeper", consolidated=consolidated).load()
@@ -173,6 +192,11 @@ def test_zarr_config_untouched_and_threads(tmp_path):
 def test_errors(tmp_path):
     with pytest.raises(StoreError, match="does not exist"):
         xr.open_dataset(tmp_path / "nope.zarr", engine="kvikio", device="cpu")
+    with pytest.raises(FileNotFoundError) as zarr_says:  # caught as engine="zarr"'s is
+        xr.open_dataset(tmp_path / "nope.zarr", engine="zarr")
+    with pytest.raises(FileNotFoundError, match="does not exist") as ours:
+        xr.open_dataset(tmp_path / "nope.zarr", engine="kvikio", device="cpu")
+    assert isinstance(zarr_says.value, FileNotFoundError) and isinstance(ours.value, StoreError)
     (tmp_path / "empty").mkdir()
     with pytest.raises(StoreError, match="empty"):
         xr.open_dataset(tmp_path / "empty", engine="kvikio", device="cpu")

@@ -1260,3 +1260,45 @@ def test_dask_variables_xarray_writes_keep_the_calls_arguments(tmp_path, empty):
         ds.to_zarr(tmp_path / "x2.zarr", encoding=enc)
     with pytest.raises(type(xarray_says.value)):
         ds.cupy.to_zarr(tmp_path / "e2.zarr", encoding=enc)
+
+
+def test_what_xarray_refuses_or_names_is_as_xarrays(tmp_path):
+    """An encoding that is not a mapping: xarray's ValueError; a variable named None and a
+    DataArray named like its coordinate: the stores xarray writes."""
+    ds = xr.Dataset({"x": ("y", np.arange(10.0))})
+    with pytest.raises(ValueError, match="must be castable"):
+        ds.cupy.to_zarr(tmp_path / "bad.zarr", encoding={"x": "foo"})
+    none = xr.Dataset({None: (("x", "y"), np.arange(40.0).reshape(5, 8))})
+    da = xr.DataArray(np.arange(6.0), dims="x", coords={"x": np.arange(6.0)}, name="x").rename(None)
+    named = xr.DataArray(np.arange(6.0) * 2, dims="t", coords={"c": ("t", np.arange(6))}, name="c")
+    for k, obj in enumerate((none, da, named)):
+        obj.to_zarr(tmp_path / f"x{k}.zarr")
+        obj.cupy.to_zarr(tmp_path / f"e{k}.zarr")
+        assert_same_files(tmp_path / f"x{k}.zarr", tmp_path / f"e{k}.zarr")
+    back = xr.open_dataarray(tmp_path / "e2.zarr", engine="zarr").load()
+    xr.testing.assert_identical(back, named)
+
+
+def test_dask_inputs_shared_by_groups_are_computed_once(tmp_path):
+    """A DataTree whose groups' dask arrays share an input: it is computed once, as xarray's
+    own write computes it (one write of every group's variables)."""
+    import dask.array as da
+
+    calls = []
+
+    def expensive(x):
+        calls.append(1)
+        return x + 1
+
+    base = da.random.random((4, 8), chunks=(2, 8))
+    first = base.map_blocks(expensive, meta=np.array((), np.float64))
+    tree = xr.DataTree.from_dict(
+        {
+            "a": xr.Dataset({"v": (("t", "x"), first), "s": ((), da.ones((), chunks=()))}),
+            "b": xr.Dataset({"w": (("t", "x"), first + 1), "s": ((), da.ones((), chunks=()))}),
+        }
+    )
+    tree.cupy.to_zarr(tmp_path / "t.zarr")
+    assert len(calls) == 2  # once a block
+    back = xr.open_datatree(tmp_path / "t.zarr", engine="zarr").load()
+    np.testing.assert_array_equal(back["b"]["w"].values, back["a"]["v"].values + 1)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the project with its test and notebooks extras into a fresh virtual environment per Python
 # (3.11 with zarr 3.1.x, 3.12 with the newest zarr), then run ruff and the test suite (the example
-# notebooks included), and build the docs with warnings as errors.
+# notebooks included), and build the docs with warnings as errors; on the newest Python, the
+# conformance run of xarray's own Zarr tests (tools/conformance.py).
 # GPU tests skip cleanly where no CUDA device is available.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,13 @@ for py in "${pythons[@]}"; do
   # exit code 5 (no tests collected) is a failure too
   [ $rc -eq 0 ] || { echo "pytest exited $rc on $py"; status=1; }
   if [ "$py" = "${pythons[-1]}" ]; then
+    # xarray's own Zarr tests, unrouted and routed through the package (docs/contributing.md)
+    if "$venv/bin/python" tools/conformance.py; then
+      summary+=("conformance ($("$py" --version)): 0 unexplained failures")
+    else
+      echo "conformance run failed"; status=1
+      summary+=("conformance ($("$py" --version)): FAILED")
+    fi
     # the docs, warnings as errors (offline: no intersphinx inventories without internet)
     "$venv/bin/python" -m pip install -q -e ".[docs]" 2>&1 | grep -v '^WARNING: Location' || true
     CUPY_XARRAY_DOCS_OFFLINE=1 "$venv/bin/python" -m sphinx -W --keep-going -q -b html docs docs/_build/html \

@@ -22,6 +22,7 @@ import inspect
 import os
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,14 @@ def _kind(root: Path | None, kwargs: dict) -> str | None:
     return None
 
 
+#: ZarrStore.open_group's argument that leaves the group's members unlisted (as xarray's own
+#: to_zarr returns its store: no metadata read), where this xarray has it
+_LAZY = (
+    {"cache_members": False}
+    if "cache_members" in inspect.signature(xr.backends.ZarrStore.open_group).parameters
+    else {}
+)
+
 #: the arguments this xarray's ``Dataset.to_zarr`` takes
 _TO_ZARR = frozenset(inspect.signature(xr.Dataset.to_zarr).parameters)
 
@@ -204,15 +213,15 @@ def _origins(root: Path, ds: xr.Dataset, names: list, kind: str, kwargs: dict) -
         if name not in stored or name not in group:
             continue  # a new variable: xarray writes it
         arr = group[name]
+        try:
+            recipe_of(arr.metadata)
+        except Unsupported:
+            continue
         chunks, shape = chunk_shape(arr.metadata), arr.shape
         # xarray encodes the new values with the stored variable's encoding
         if len(chunks) != len(dims) or _transforms(var, stored[name]):
             continue
         if np.dtype(stored[name].get("dtype", var.dtype)) != var.dtype:
-            continue
-        try:
-            recipe_of(arr.metadata)
-        except Unsupported:
             continue
         if is_dask_array(var._data) and not _aligned(var._data.chunks, chunks):
             continue
@@ -326,7 +335,15 @@ def _plan(
 ) -> _Node:
     """What the engine writes of ``ds`` (the group at ``path``) and the template xarray writes
     the metadata from; ``kind`` None: xarray writes it all."""
-    ours = [n for n, v in ds.data_vars.items() if kind and _engine_writes(v.variable, encodings.get(n, {}))]
+    # (a name other than a string, an encoding other than a mapping: xarray's to say what is wrong)
+    ours = [
+        n
+        for n, v in ds.data_vars.items()
+        if kind
+        and isinstance(n, str)
+        and isinstance(encodings.get(n, {}), Mapping)
+        and _engine_writes(v.variable, encodings.get(n, {}))
+    ]
     origins = _origins(root / path if path else root, ds, ours, kind, kwargs) if ours else {}
     if origins is None:
         kind, origins = None, {}
@@ -442,11 +459,18 @@ def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool,
     # what xarray's write of the variables left to it keeps from the call
     kept = ("zarr_format", "zarr_version", "write_empty_chunks", "safe_chunks", "align_chunks")
     sub = {k: v for k, v in kwargs.items() if k in kept and k in _TO_ZARR}
-    for node in nodes:  # xarray writes these from host copies (block by block), into the arrays made
-        if node.lazy:
-            part = xr.Dataset({n: _host(node.ds.variables[n]) for n in node.lazy})
-            group = {"group": node.path} if node.path else {}
-            later.append(part.to_zarr(store, mode="r+", compute=False, consolidated=False, **group, **sub))
+    parts = {  # xarray writes these from host copies (block by block), into the arrays made
+        node.path: xr.Dataset({n: _host(node.ds.variables[n]) for n in node.lazy})
+        for node in nodes
+        if node.lazy
+    }
+    if len(parts) == 1:
+        ((path, part),) = parts.items()
+        group = {"group": path} if path else {}
+        later.append(part.to_zarr(store, mode="r+", compute=False, consolidated=False, **group, **sub))
+    elif parts:  # every group in one write: dask inputs the groups share are computed once
+        tree = xr.DataTree.from_dict({"/" + path: part for path, part in parts.items()})
+        later.append(tree.to_zarr(store, mode="r+", compute=False, consolidated=False, **sub))
     if not tasks and not later and compute:
         return _opened(root, kwargs)
     done = dask.delayed(_joined, pure=False)(*later, *tasks)
@@ -526,7 +550,7 @@ def _block_writes(
     shape = chunk_shape(meta)
     base = base or (0,) * data.ndim
     starts = [np.concatenate([[0], np.cumsum(sizes)[:-1]]) for sizes in data.chunks]
-    blocks = data.to_delayed()
+    blocks = data.to_delayed(optimize_graph=False)  # inputs shared with other writes: computed once
     write = dask.delayed(writer.write, pure=False)
     tasks = []
     for idx in np.ndindex(blocks.shape):
@@ -543,7 +567,7 @@ def _opened(root: Path, kwargs: dict) -> Any:
     """The written store, as xarray's ``to_zarr`` returns it (a ``ZarrStore``)."""
     try:
         return xr.backends.ZarrStore.open_group(
-            str(root), mode="r", group=kwargs.get("group"), zarr_format=kwargs.get("zarr_format")
+            str(root), mode="r", group=kwargs.get("group"), zarr_format=kwargs.get("zarr_format"), **_LAZY
         )
     except Exception:  # noqa: BLE001 - the data are written; the handle is a courtesy
         return None

@@ -78,6 +78,7 @@ def recipe_of(meta: Any) -> Recipe:
     little-endian bytes [with crc32c]) or [a compressor], no filters (v2)."""
     import numcodecs
 
+    chunk_shape(meta)  # a regular grid
     if getattr(meta, "zarr_format", 3) == 2:
         if meta.filters:
             raise Unsupported("v2 filters")
@@ -107,9 +108,14 @@ def recipe_of(meta: Any) -> Recipe:
 
 
 def chunk_shape(meta: Any) -> tuple[int, ...]:
-    """The shape of a zarr array's chunks (of its shards, where it is sharded)."""
-    grid = getattr(meta, "chunk_grid", None)
-    return tuple(grid.chunk_shape) if grid is not None else tuple(meta.chunks)
+    """The shape of a zarr array's chunks (of its shards, where it is sharded);
+    :class:`Unsupported` for a grid of chunks of several shapes (zarr's rectilinear grids)."""
+    if getattr(meta, "zarr_format", 3) == 2:
+        return tuple(meta.chunks)
+    shape = getattr(meta.chunk_grid, "chunk_shape", None)
+    if shape is None:
+        raise Unsupported(f"chunk grid {type(meta.chunk_grid).__name__}")
+    return tuple(shape)
 
 
 def stream_shape(meta: Any, recipe: Recipe) -> tuple[int, ...]:
