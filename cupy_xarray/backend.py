@@ -107,8 +107,8 @@ class KvikioBackendArray(BackendArray):
         )
 
     async def async_getitem(self, key: indexing.ExplicitIndexer) -> Any:
-        """``__getitem__`` on a thread of asyncio's pool (``load_async``): the engine's read
-        blocks, its threads do the I/O; the event loop goes on meanwhile."""
+        """``load_async``: the engine's read on a thread of asyncio's pool (it blocks; its own
+        threads do the I/O), the event loop going on meanwhile."""
         import asyncio
 
         return await asyncio.to_thread(self.__getitem__, key)

@@ -263,6 +263,16 @@ def _declared_chunk_shape(meta: Any) -> tuple[int, ...] | None:
         return None
 
 
+def regular_shards(array: Any) -> tuple[int, ...] | None:
+    """A zarr array's shard shape, None where it is not sharded or its chunk grid is not
+    regular (zarr >= 3.2's rectilinear grids have no one shard shape)."""
+    try:
+        shards = getattr(array, "shards", None)
+    except NotImplementedError:
+        return None
+    return tuple(int(n) for n in shards) if shards else None
+
+
 def check_array(array: Any, name: str, containment: Containment | None) -> None:
     """Refuse an array whose key, chunk key encoding or sizes are unsafe (before any allocation)."""
     where = f"array {name!r}"
@@ -285,7 +295,7 @@ def check_array(array: Any, name: str, containment: Containment | None) -> None:
     shape = tuple(int(s) for s in array.shape)
     if any(s < 0 for s in shape) or math.prod(shape) * itemsize >= 2**63:
         raise UnsafeStoreError(f"{where}: shape {shape} overflows 64-bit sizes (corrupt metadata?)", key=name)
-    shards = getattr(array, "shards", None)
+    shards = regular_shards(array)
     # the metadata document's own chunk shape too: zarr >= 3.4 reads a 0 there as 1
     grids = [("chunk shape", _declared_chunk_shape(meta) or ()), ("shard shape", tuple(shards or ()))]
     try:

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from ..containment import regular_shards
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkError
 from .locate import check_chunk_file
@@ -23,8 +24,7 @@ def is_oom(exc: BaseException) -> bool:
 
 def _zarr_grid(spec: ArraySpec) -> tuple[int, ...] | None:
     """The grid of files zarr-python reads (shards for sharded arrays), None if irregular."""
-    shards = getattr(spec.zarr_array, "shards", None)
-    grid = tuple(int(n) for n in shards) if shards else spec.chunks
+    grid = regular_shards(spec.zarr_array) or spec.chunks
     return grid if len(grid) == len(spec.shape) else None
 
 
@@ -42,7 +42,7 @@ def check_files(spec: ArraySpec, selection: tuple) -> None:
             c.check_tree(spec.directory, spec.name)
         return
     decoded = None  # what bounds a file's size: numbers, one chunk per file
-    if spec.dtype.kind in "biufcmM" and not getattr(spec.zarr_array, "shards", None):
+    if spec.dtype.kind in "biufcmM" and not regular_shards(spec.zarr_array):
         decoded = math.prod(grid) * spec.dtype.itemsize
     for coords in {p.coords for p in plan_chunks(selection, spec.shape, grid)}:
         key = spec.chunk_key(coords)

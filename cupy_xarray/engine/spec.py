@@ -345,6 +345,8 @@ def array_spec(array: Any, name: str | None = None, containment: Containment | N
                 chunks, recipe, shard = _spec_v2(array, dtype)
         except Unsupported as exc:
             fallback = str(exc)
+        except NotImplementedError:  # shards of a rectilinear chunk grid (zarr >= 3.2)
+            fallback = "rectilinear chunk grid"
     out_dtype = _native(dtype) if dtype.kind in "biufcMmU" else dtype  # outputs are in native order
     if fill is not None and dtype.kind in _ENGINE_KINDS:
         fill = np.asarray(fill).astype(out_dtype)[()]
