@@ -126,7 +126,8 @@ def test_load_async_reads_what_load_reads(store, device):
     np.testing.assert_array_equal(host(part.data), ref.packed.isel(time=slice(2, 7), x=[0, 3]).values)
     memory: dict = {}  # a store in memory, which the engine reads through zarr's store
     ref.drop_encoding().to_zarr(memory, zarr_format=fmt, consolidated=False)
-    got = asyncio.run(xr.open_dataset(memory, engine="kvikio", device=device, consolidated=False).load_async())
+    lazy = xr.open_dataset(memory, engine="kvikio", device=device, consolidated=False)
+    got = asyncio.run(lazy.load_async())
     _assert_same(got, xr.open_dataset(memory, engine="zarr", consolidated=False).load(), device)
 
 
