@@ -245,6 +245,34 @@ def test_chunk_file_larger_than_any_codec_writes_is_not_read(tmp_path, device):
     assert int(out.split("peak MiB")[1]) < 64, out
 
 
+def test_shard_inner_chunk_larger_than_any_codec_writes_is_not_read(tmp_path, device):
+    """A shard of a 2 GiB sparse file whose index gives one 48-byte inner chunk all of it:
+    refused, naming the inner chunk, before any of it is read (as a chunk file is)."""
+    store = tmp_path / "s.zarr"
+    a = zarr.create_array(
+        str(store), shape=(24,), chunks=(12,), shards=(24,), dtype="float32", zarr_format=3,
+        compressors=[zarr.codecs.ZstdCodec()],
+    )  # fmt: skip
+    a[:] = np.arange(24, dtype="float32")
+    shard = store / "c" / "0"
+    raw = bytearray(shard.read_bytes())
+    index = raw[-(2 * 16 + 4) :]
+    size = 2**31
+    index[16:32] = (0).to_bytes(8, "little") + (size - len(index)).to_bytes(8, "little")
+    import google_crc32c
+
+    index[-4:] = int(google_crc32c.value(bytes(index[:-4]))).to_bytes(4, "little")
+    with open(shard, "r+b") as f:
+        f.truncate(size)  # sparse: costs nothing on disk
+        f.seek(size - len(index))
+        f.write(bytes(index))
+    script = _BOMB_READ.format(here=HERE, store=str(store), device=device)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300).stdout
+    assert out.startswith("ChunkError") and "inner chunk (1,)" in out, out
+    assert "more than any codec stores a 48-byte chunk" in out, out
+    assert int(out.split("peak MiB")[1]) < 64, out
+
+
 def test_shard_index_entry_that_overflows_64_bits(tmp_path, device):
     store = tmp_path / "s.zarr"
     a = zarr.create_array(

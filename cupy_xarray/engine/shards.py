@@ -136,16 +136,19 @@ def parse_index(spec: ArraySpec, raw: bytes, size: int | None, key: str, path: s
         )
     present = offsets != EMPTY
     starts, counts = offsets[present], lengths[present]
-    if size is None:  # a remote shard: its size is not known, bound each chunk by what it can hold
-        most = stored_bound(spec.recipe.nbytes)
-        if counts.size and (counts > np.uint64(most)).any():
-            raise ChunkError(
-                f"shard index gives an inner chunk of {int(counts.max())} bytes, more than any codec "
-                f"stores a {spec.recipe.nbytes}-byte chunk in (corrupt shard)",
-                array=spec.name,
-                chunk=key,
-                path=path,
-            )
+    # every inner chunk bounded by what it can hold, as a chunk file is (before any is read: a
+    # shard file may be sparse and huge)
+    most = np.uint64(stored_bound(spec.recipe.nbytes))
+    if counts.size and (counts > most).any():
+        inner = tuple(int(i) for i in np.argwhere(present & (lengths > most))[0])
+        raise ChunkError(
+            f"shard index gives inner chunk {inner} {int(lengths[inner])} bytes, more than any codec "
+            f"stores a {spec.recipe.nbytes}-byte chunk in (corrupt shard)",
+            array=spec.name,
+            chunk=key,
+            path=path,
+        )
+    if size is None:  # a remote shard: its size is not known
         return index
     # room after each start, so that offset + length (which can wrap around 64 bits) is never formed
     room = np.uint64(size) - np.minimum(starts, np.uint64(size))
