@@ -4,7 +4,7 @@ chunk per thread. Each read runs in a process of its own (peak RSS is per proces
 
 Usage::
 
-    python benchmarks/read_memory.py --dir /tmp/mem --chunk-mib 64 --chunks 16 --threads 2,8 --batch-mib 16,256
+    python benchmarks/read_memory.py --chunk-mib 64 --chunks 16 --threads 2,8 --batch-mib 16,256
 """
 
 from __future__ import annotations
