@@ -181,8 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * len(head))
     for row in table:
         print("| " + " | ".join(f"{v:.0f}" if isinstance(v, float) else str(v) for v in row) + " |")
-    for route, test, why in divergent:
-        print(f"divergence ({route}): {short(test)}: {why}")
+    grouped: dict[tuple[str, str], int] = {}
+    for route, _test, why in divergent:
+        grouped[(route, why)] = grouped.get((route, why), 0) + 1
+    for (route, why), n in grouped.items():
+        print(f"intended divergence ({route}, {n} tests): {why}")
     for route, test, message in unexplained:
         print(f"FAILED ({route}): {short(test)}: {message.splitlines()[0] if message else ''}")
     if args.json:
