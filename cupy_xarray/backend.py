@@ -450,7 +450,7 @@ def read_settings(device: Any, threads: Any, batch_bytes: Any, decode: str | Non
     if isinstance(device, str):
         resolved = resolve_device(device, threads)  # no GPU, no cupy: say so now
         if resolved.name == "gpu":
-            start_gpu(resolved.xp)
+            start_gpu(resolved.xp, resolved.threads)
     else:
         resolve_device(device, threads)  # None, 0, False ...: refused now, not at the first load
     return ReadSettings(device, threads, batch_bytes, decode)

@@ -50,9 +50,8 @@ def info_lines() -> list[str]:
 
     path = schedule.cache_path()
     known = sorted({k.rsplit("|", 1)[-1] for k in schedule._load(path)})
-    rates = (
-        f"measured for {', '.join(known)}" if known else "none measured yet (the first choice measures them)"
-    )
+    measure = "cupy_xarray.warm_up(measure=True) measures them"
+    rates = f"measured for {', '.join(known)}" if known else f"none measured: built-in figures ({measure})"
     lines.append(f"decode rates  {rates}: {path}")
     if not gpu_available():
         lines.append("GPU           none available: reads use device='cpu' (NumPy, os.pread)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def warm_up(client: Any = None, device: str = "gpu") -> dict:
+def warm_up(client: Any = None, device: str = "gpu", measure: bool = False) -> dict:
     """Start the engine here, or on every worker of a dask client, before the first read.
 
     A process's first read otherwise waits for the engine's imports, the CUDA context,
@@ -20,6 +20,10 @@ def warm_up(client: Any = None, device: str = "gpu") -> dict:
         process.
     device
         ``"gpu"`` (where there is one; else the CPU side only) or ``"cpu"``.
+    measure
+        Also measure this machine's decode rates (0.1-0.5 s per codec, kept in the cache
+        folder): the one figure a shared read starts from (:mod:`.engine.share`). Reads
+        never measure; without it they use the figures measured before, else built-in ones.
 
     Returns
     -------
@@ -28,11 +32,11 @@ def warm_up(client: Any = None, device: str = "gpu") -> dict:
         address when ``client`` is given.
     """
     if client is not None:
-        return client.run(_warm_up_here, device)
-    return _warm_up_here(device)
+        return client.run(_warm_up_here, device, measure)
+    return _warm_up_here(device, measure)
 
 
-def _warm_up_here(device: str) -> dict:
+def _warm_up_here(device: str, measure: bool = False) -> dict:
     from .device import gpu_available, resolve_device
     from .engine import host, reader  # noqa: F401 - the engine's imports, once
 
@@ -40,8 +44,35 @@ def _warm_up_here(device: str) -> dict:
     dev = resolve_device(name)
     if dev.name == "gpu":
         dev.xp.cuda.runtime.free(0)  # the first runtime call that needs a context makes it
-        from .engine.decoders import nvcomp
-
-        nvcomp.library()
+        warm_engine(dev.threads)
     host.pool(dev.threads)
+    if measure:
+        from .engine import schedule
+        from .engine.decoders.registry import STREAMS
+
+        for kind in STREAMS:
+            schedule.rates(kind, dev)
     return {"device": dev.name, "threads": dev.threads}
+
+
+def warm_engine(threads: int) -> None:
+    """Start what a GPU read would start itself (the CUDA context made already): the pool of
+    CPU threads, nvCOMP's library, the decoder process (it takes 1.5-2 s to load CUDA and
+    nvCOMP, so it starts now, not at the first large read) and kvikio with its threads.
+    Called on a background thread when a store is opened for the GPU."""
+    from .engine import host
+    from .engine.decoders import nvcomp
+    from .options import get_options
+
+    host.pool(threads)
+    if nvcomp.enabled() and nvcomp.library() is not None and get_options().decoder_process != "off":
+        from .engine.sandbox.client import decoder_processes
+
+        decoder_processes("nvcomp").start()
+    try:
+        from .engine.io import _kvikio_enter, _kvikio_exit
+
+        _kvikio_enter(threads)  # kvikio's pool of threads, made once
+        _kvikio_exit()
+    except ImportError:  # no kvikio: the read says so
+        pass

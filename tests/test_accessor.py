@@ -87,7 +87,8 @@ def test_cli_info_and_demo(tmp_path):
     import json
 
     out = _cli("info", CUPY_XARRAY_CACHE=str(tmp_path))
-    assert f"decode rates  none measured yet (the first choice measures them): {tmp_path}" in out
+    measure = "cupy_xarray.warm_up(measure=True) measures them"
+    assert f"decode rates  none measured: built-in figures ({measure}): {tmp_path}" in out
     (tmp_path / "decode-rates.json").write_text(json.dumps({"H200|16 cores|nvcomp 6000|gzip": {}}))
     assert "decode rates  measured for gzip:" in _cli("info", CUPY_XARRAY_CACHE=str(tmp_path))
     assert out.startswith("cupy_xarray") and "xarray" in out and "zarr" in out

@@ -37,10 +37,11 @@ def _campaign_report(results, all_cases):
     return report, covered
 
 
-@pytest.mark.parametrize("route", ["host", "batch"])
+@pytest.mark.parametrize("route", ["host", "batch", "share"])
 def test_damage_campaign_cpu(tmp_path, route):
-    """Both routes a chunk can take: one CPU thread per chunk, and the batches (staging, one
-    decode call per codec, scatter) that GPU reads decode in with nvCOMP."""
+    """Every route a chunk can take: one CPU thread per chunk, the batches (staging, one
+    decode call per codec, scatter) that GPU reads decode in with nvCOMP, and both taking
+    from one shared queue (the default of a large GPU read)."""
     import damage
 
     from cupy_xarray.engine.schedule import Scheduler
@@ -662,7 +663,8 @@ def test_stored_checksums_are_read_from_the_framing():
     ["v3-zstd", "v3-zstd-crc32c", "v3-gzip", "v3-lz4", "v3-blosc-zstd-shuffle", "v3-blosc-lz4-shuffle"],
 )
 def test_describe_says_where_a_gpu_read_decodes(tmp_path, layout):
-    """The debug line of a GPU read names CPU threads for what decode= keeps from nvCOMP."""
+    """The debug line of a GPU read names CPU threads for what decode= keeps from nvCOMP, and
+    both processors where decode='auto' shares the chunks."""
     from types import SimpleNamespace
 
     import damage
@@ -672,16 +674,17 @@ def test_describe_says_where_a_gpu_read_decodes(tmp_path, layout):
 
     spec = array_spec(zarr.open_array(damage.build(str(tmp_path), layout), mode="r"), name="a")
     gpu = Device("gpu", np, SimpleNamespace(name="kvikio"), SimpleNamespace(name="nvcomp"), 4)
-    on_cpu = layout == "v3-blosc-zstd-shuffle"
-    assert ("CPU threads (decode='auto')" in describe(spec, gpu)) == on_cpu
+    assert "CPU threads (decode='auto')" not in describe(spec, gpu)
+    assert "nvCOMP and CPU threads, sharing one queue" in describe(spec, gpu)
     # frames no check proves: nvCOMP decodes them in a process of its own
-    assert ("decoder process" in describe(spec, gpu)) == (layout in ("v3-zstd", "v3-gzip"))
+    unproven = ("v3-zstd", "v3-gzip", "v3-blosc-zstd-shuffle")
+    assert ("decoder process" in describe(spec, gpu)) == (layout in unproven)
     assert "CPU threads" not in describe(spec, gpu, "gpu")
     assert "CPU threads (decode='cpu')" in describe(spec, gpu, "cpu")
 
 
 @pytest.mark.parametrize("kind", ["zstd", "gzip"])
-@pytest.mark.parametrize("route", ["batch", "host"])
+@pytest.mark.parametrize("route", ["batch", "host", "share"])
 def test_chunks_of_several_frames_or_members_read_as_zarr_reads_them(tmp_path, device, kind, route):
     """A zstd chunk of several frames, a gzip chunk of several members: valid, read by
     zarr-python; read the same by every route (the batched route's one-stream checks hand

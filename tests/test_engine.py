@@ -211,7 +211,7 @@ def test_direct_reads_land_in_output(tmp_path):
     ],
     ids=["zstd", "gzip", "zlib", "lz4", "blosc-lz4", "blosc-zstd"],
 )
-@pytest.mark.parametrize("route", ["batch", "host"])
+@pytest.mark.parametrize("route", ["batch", "host", "share"])
 def test_whole_chunks_decode_into_the_output(tmp_path, device, comp, route, monkeypatch):
     """Whole row-chunks are decoded straight into the output: no copy afterwards, a missing
     chunk keeps the fill value, and ragged or partial chunks still take the copy path."""

@@ -738,7 +738,7 @@ def test_a_body_that_stalls_every_time_is_named(large_bodies, monkeypatch, optio
         (("zstd",), "gpu", True),
         (("crc32c", "zstd"), "auto", True),  # a checksum proves the frames first: nvCOMP may
         (("blosc-lz4",), "auto", True),
-        (("blosc-zstd",), "auto", False),
+        (("blosc-zstd",), "auto", True),  # shared: nvCOMP may take them, in the decoder process
         (("gzip",), "auto", True),
         (("lz4",), "auto", True),  # nvCOMP may decode them (a large read)
         (("zstd",), "cpu", False),

@@ -66,7 +66,7 @@ def depth(batched: list[ChunkTask], crowded: bool, options: Options) -> int:
     return max(2, options.uncompressed_depth)
 
 
-def _cost(t: ChunkTask) -> int:
+def cost(t: ChunkTask) -> int:
     """Bytes a task holds beside the output while its batch is in flight."""
     if t.direct:
         return 0
@@ -81,7 +81,7 @@ def batches(tasks: list[ChunkTask], batch_bytes: int) -> list[list[ChunkTask]]:
     Equal sizes matter because nvCOMP's throughput grows with the streams per call: a
     4 GiB read in batches of 1 + 1 + 1 + 0.1 GiB ends on a slow call.
     """
-    costs = [_cost(t) for t in tasks]
+    costs = [cost(t) for t in tasks]
     most = max_ops()
     total = sum(costs)
     count = max(1, -(-total // max(batch_bytes, 1)), -(-len(tasks) // most))

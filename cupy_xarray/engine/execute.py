@@ -2,7 +2,9 @@
 
 The scheduler splits the tasks by route (:meth:`.schedule.Scheduler.plan`). The host route's
 jobs start on CPU threads (:mod:`.host`); the batches are read by the device's I/O (kvikio
-on a GPU) into staging, ``depth`` of them in flight: while one batch is decoded (one call
+on a GPU) into staging, ``depth`` of them in flight. Shared tasks wait in one queue
+(:mod:`.share`): the CPU threads take them from its back while the batches, once the fixed
+ones are cut, are drawn from its front as each is submitted. while one batch is decoded (one call
 per codec, :func:`.decoders.decode_group`) and placed (:func:`.place.place_group`), the next
 ones are read, and the next batch's checks start on a side stream once its reads land.
 """
@@ -22,7 +24,7 @@ from .decoders import decode_group, prepare_group, prepares, while_decoding
 from .io import ReadOp
 from .place import bytes_of, copy_twins, host_twins, place_group, plan_boxes
 from .read import Read
-from .schedule import learn_from
+from .share import WorkQueue
 from .tasks import ChunkTask, Group
 
 
@@ -137,19 +139,35 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
     plan = read.scheduler.plan(tasks, device, read.decode, limit)
     read.report.decisions.extend(plan.decisions)
     batched, on_host = plan.batched, plan.on_host
+    queue = WorkQueue(plan.shared, plan.seed_bytes, cut.max_ops()) if plan.shared else None
     plan_boxes(batched, outs)
-    depth = cut.depth(batched, clock.crowded, options)
-    batches: list = cut.batches(batched, limit * 2 // depth) if batched else []
+    depth = cut.depth(batched + plan.shared, clock.crowded, options)
+    per_batch = limit * 2 // depth
+    batches: list = cut.batches(batched, per_batch) if batched else []
     slots: list = [cut.slots(b) for b in batches]
     size = cut.staging_bytes(slots)
     if streamed:
-        segments = cut.segments(streamed, limit * 2 // depth)
+        segments = cut.segments(streamed, per_batch)
         size = max([size] + [seg.staging_bound() for seg in segments])
         batches += segments
         slots += [None] * len(segments)
     read.report.batches += len(batches)
     read.report.staging_bytes = max(read.report.staging_bytes, size)
     grouped: dict[int, list[Group]] = {}
+
+    def draw() -> bool:
+        """Cut one more batch from the shared queue's front; False when it gives none."""
+        if queue is None:
+            return False
+        taken = queue.take_front(per_batch, cut.cost)
+        if not taken:
+            return False
+        plan_boxes(taken, outs)
+        batches.append(taken)
+        slots.append(cut.slots(taken))
+        read.report.batches += 1
+        read.report.staging_bytes = max(read.report.staging_bytes, slots[-1][2])
+        return True
 
     def groups_of(k: int) -> list[Group]:
         if k not in grouped:
@@ -167,22 +185,27 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
     pending: list = []
     jobs = None
     try:
-        twins = host_twins(read, on_host, batches) if assemble else None
+        twins = host_twins(read, on_host, batches or plan.shared) if assemble else None
         # reads of the host route alone need no session (kvikio's setup costs every dask task)
-        with device.io.session(device.threads) if batches else contextlib.nullcontext() as session:
+        with device.io.session(device.threads) if batches or queue else contextlib.nullcontext() as session:
             try:
-                alone = not batches  # nothing else runs beside the host route's jobs
+                alone = not batches and queue is None  # nothing else runs beside the host route's jobs
                 if twins is not None:
                     jobs = host.start(on_host, twins, host.host_device(device), options, inline=alone)
                 else:
                     jobs = host.start(on_host, outs, device, options, inline=alone)
-                for k in range(min(depth - 1, len(batches))):
-                    pending.append(submit(k))
+                for k in range(depth - 1):
+                    if k < len(batches) or (k == len(batches) and draw()):
+                        pending.append(submit(k))
+                if queue is not None:  # (after the first batch is drawn: the GPU's share starts first)
+                    host.take_from(queue, outs, device, options, jobs)
                 ahead: dict = {}  # the next batch's checks, started while this one decodes
                 geometry: dict = {}  # per output: its pieces' box copies (Boxes)
-                for b in range(len(batches)):
-                    if b + depth - 1 < len(batches):
-                        pending.append(submit(b + depth - 1))
+                b = 0
+                while b < len(batches):
+                    nxt_k = b + depth - 1
+                    if nxt_k < len(batches) or (nxt_k == len(batches) and draw()):
+                        pending.append(submit(nxt_k))
                     clock.lap("submit")
                     waiter = pending.pop(0)
                     waiter.wait()
@@ -209,15 +232,18 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                     grouped.pop(b, None)
                     clock.lap("sync")
                     read.advance(batches[b])
+                    batches[b] = ()  # its tasks are placed: the list need not hold them
+                    b += 1
                 jobs.wait()
                 if twins is not None:
                     copy_twins(twins, outs, device)
                 clock.lap("host route")
                 clock.stats.update(jobs.stats or {})
-                learn_from(plan.decisions, tasks, device, clock, jobs)
                 read.advance(on_host)
             except BaseException:
                 # let reads in flight land before their buffers are released
+                if queue is not None:
+                    queue.close()
                 if jobs is not None:
                     jobs.cancel()
                 if device.name == "gpu" and batches:
@@ -230,6 +256,8 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                 outs.clear()
                 raise
     finally:
+        if queue is not None:
+            queue.count(plan.decisions)
         pending.clear()
         for t in tasks:
             t.release()

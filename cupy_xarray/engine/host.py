@@ -213,6 +213,26 @@ def start(
     return jobs
 
 
+def take_from(queue: Any, outs: list[Any], device: Any, options: Options, jobs: Jobs) -> None:
+    """Start every thread of the pool on a shared queue's back end (:mod:`.share`): each
+    takes a job of about ``job_bytes`` (a chunk at least), reads, decodes and places it, and
+    takes the next, until the queue is empty; the first error closes the queue."""
+    run = carried(_take)
+    p = pool(device.threads)
+    per = options.job_bytes
+    jobs._futures += [p.submit(run, queue, outs, device, jobs, per) for _ in range(device.threads)]
+
+
+def _take(queue: Any, outs: list[Any], device: Any, jobs: Jobs, job_bytes: int) -> None:
+    try:
+        while group := queue.take_back(job_bytes):
+            for t in group:
+                _timed_job(t, outs[t.out], device, jobs)
+    except BaseException:
+        queue.close()  # the batches take no more: the read ends with this error
+        raise
+
+
 def _place_fetched(tasks: list[ChunkTask], outs: list[Any], device: Any, jobs: Jobs) -> None:
     t0 = time.perf_counter()
     try:

@@ -224,8 +224,7 @@ def progress_bytes(tasks: list) -> int:
 
 class _Running:
     """The reads running in this process now: two that overlap are each marked crowded
-    (their timings are not their own, so the scheduler does not learn from them, and
-    uncompressed reads keep fewer batches in flight)."""
+    (their timings are not their own, and uncompressed reads keep fewer batches in flight)."""
 
     def __init__(self) -> None:
         self._clocks: set[Clock] = set()

@@ -37,7 +37,7 @@ from .waves import execute_waves, wave_bytes
 
 log = logging.getLogger("cupy_xarray")
 
-_DEFAULT_SCHEDULER = Scheduler()  # stateless: the cost model with this machine's rates
+_DEFAULT_SCHEDULER = Scheduler()  # stateless: shares what both processors may decode
 
 
 def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | None = None) -> str:
@@ -59,7 +59,7 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
         elif route == "host":
             where = f"CPU threads (decode={choice!r}), copied to the GPU"
         else:
-            where = "nvCOMP and CPU threads, chosen per read by the cost model (decode='auto')"
+            where = "nvCOMP and CPU threads, sharing one queue (decode='auto')"
         if device.name == "gpu" and route != "host" and isolable(r.bytes_codecs) and not _off():
             where += ", nvCOMP in the decoder process"
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
@@ -178,7 +178,7 @@ def read_arrays(
         (:func:`~cupy_xarray.engine.decoders.decodes_on_gpu`). The values are the same.
     scheduler
         Gives each chunk its route (:class:`~cupy_xarray.engine.schedule.Scheduler`); default
-        the cost model with this machine's rates.
+        large groups shared by both processors (:mod:`.share`).
 
     Returns
     -------

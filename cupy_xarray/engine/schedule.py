@@ -18,22 +18,22 @@ says; fetched bytes land in pinned memory where they go to the GPU as they are
 
 ``decode="gpu"`` sends every compressed chunk of a GPU read to nvCOMP, ``"cpu"`` every one
 to CPU threads. ``"auto"`` sends to nvCOMP only the streams it decodes safely
-(:func:`~.decoders.decodes_on_gpu`) and splits those between both processors by a cost model
-(:class:`Rates`): each processor gets the share it finishes in the same time, so a small
-selection (where one nvCOMP call costs milliseconds whatever its size) goes to CPU threads
-and a large load to both. The rates are measured on the machine the first time a choice
-needs them and cached (:func:`rates`). A CPU read decodes every chunk on the host route.
+(:func:`~.decoders.decodes_on_gpu`, or in the decoder process) and shares those between both
+processors as the read goes (``"share"``: :mod:`.share`): the batches take chunks from the
+front of one queue, CPU threads from its back, so neither processor waits on a prediction of
+the other's speed. A group too small for one nvCOMP call to pay (:func:`seed_bytes`: a
+one-chunk selection, a dask task) goes to CPU threads alone. A CPU read decodes every chunk on
+the host route.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,14 +51,17 @@ DEFAULT_RATES: dict[str, Rates] = {kind: decoder.rates for kind, decoder in STRE
 @dataclass
 class RoutePlan:
     """A read's tasks split by route: ``batched`` (staged, decoded in batched calls),
-    ``on_host`` (CPU threads, a chunk per job), with per recipe (``id(recipe)``) whether
-    nvCOMP decodes a batched group (``on_gpu``), and the decisions of the cost model."""
+    ``on_host`` (CPU threads, a chunk per job), ``shared`` (either, as they come free), with
+    per recipe (``id(recipe)``) whether
+    nvCOMP decodes a batched group (``on_gpu``), and the decisions with their reasons."""
 
     batched: list
     on_host: list
     on_gpu: dict
     decisions: list
     isolated: dict  # per recipe: decoded in the decoder process
+    shared: list = field(default_factory=list)  # taken by either processor (:mod:`.share`)
+    seed_bytes: int = 0  # the batches stop taking from the shared queue below this
 
 
 @dataclass
@@ -71,8 +74,8 @@ class Decision:
     host: int
     why: str
     kind: str = ""
-    key: int = 0  # the recipe's id: what the read's timings are filed under
-    learns: bool = False  # the rates came from :func:`rates` (the read refines them)
+    key: int = 0  # the recipe's id
+    shared: bool = False  # both processors took from one queue: ``gpu``/``host`` say what each took
 
     def __str__(self) -> str:
         where = f"{self.gpu} chunks to nvCOMP, {self.host} to CPU threads"
@@ -85,20 +88,22 @@ class Scheduler:
     Parameters
     ----------
     rates
-        Rates per stream kind; default: :func:`rates` (measured once per machine).
+        Rates per stream kind, for :func:`seed_bytes` only; default: this machine's where
+        measured (:func:`known_rates`), else :data:`DEFAULT_RATES`.
     force
-        ``"host"`` or ``"batch"``: one route for every chunk (tests run both on the CPU).
+        ``"host"``, ``"batch"`` or ``"share"``: one route for every chunk (tests run each on
+        the CPU; ``"share"`` with no least batch, so that both ends of the queue take work).
     """
 
     def __init__(self, rates: dict[str, Rates] | None = None, force: str | None = None) -> None:
-        if force not in (None, "host", "batch"):
-            raise ValueError(f"force must be 'host' or 'batch', got {force!r}")
+        if force not in (None, "host", "batch", "share"):
+            raise ValueError(f"force must be 'host', 'batch' or 'share', got {force!r}")
         self._rates = rates
         self.force = force
 
     def plan(self, tasks: list[Any], device: Any, decode: str, limit: int) -> RoutePlan:
         """Give every located task its route (``limit``: the bytes one batch may hold)."""
-        batched, on_host, groups, direct = [], [], {}, []
+        batched, on_host, shared, groups, direct = [], [], [], {}, []
         for t in tasks:
             if t.direct is not None:
                 direct.append(t)
@@ -107,18 +112,21 @@ class Scheduler:
         if direct:
             for t, r in zip(direct, self.direct_routes(direct, device)):
                 (on_host if r == "host" else batched).append(t)
-        decisions, on_gpu, isolated = [], {}, {}
+        decisions, on_gpu, isolated, seed = [], {}, {}, 0
+        by_route = {"host": on_host, "batch": batched, "share": shared}
         for key, group in groups.items():
             routes, decision = self.routes(group, device, decode, limit)
             for t, r in zip(group, routes):
-                (on_host if r == "host" else batched).append(t)
+                by_route[r].append(t)
+            if routes and routes[0] == "share" and self.force is None:
+                seed = max(seed, self.seed(group, device))
             codecs = group[0].spec.recipe.bytes_codecs
             on_gpu[key] = nvcomp_decodes(codecs, device, decode)
             isolated[key] = in_decoder_process(codecs, device, decode)
             if decision is not None:
                 decisions.append(decision)
                 log.debug("decode: %s", decision)
-        return RoutePlan(batched, on_host, on_gpu, decisions, isolated)
+        return RoutePlan(batched, on_host, on_gpu, decisions, isolated, shared, seed)
 
     def streams(self, spec: Any, pieces: list, device: Any) -> bool:
         """Whether a request's pieces are located and planned batch by batch, as their
@@ -138,7 +146,13 @@ class Scheduler:
     def rates_for(self, kind: str, device: Any) -> Rates:
         if self._rates is not None:
             return self._rates.get(kind, DEFAULT_RATES.get(kind, DEFAULT_RATES["zstd"]))
-        return rates(kind, device)
+        return known_rates(kind, device)
+
+    def seed(self, tasks: list[Any], device: Any) -> int:
+        """:func:`seed_bytes` for a group of chunks of one recipe."""
+        recipe = tasks[0].spec.recipe
+        kind = stream_kind(recipe.bytes_codecs)
+        return seed_bytes(self.rates_for(kind, device), recipe, device.threads)
 
     def direct_routes(self, tasks: list[Any], device: Any) -> list[str]:
         """Routes for pieces read straight into the output (their bytes are one run of it):
@@ -147,7 +161,7 @@ class Scheduler:
         a selection of a chunk or two; kvikio's per-read setup and its hand-off to its own
         threads cost more), larger ones with the batches (kvikio, many threads per read)."""
         if self.force is not None:
-            return [self.force] * len(tasks)
+            return ["batch" if self.force == "share" else self.force] * len(tasks)
         if device.name == "gpu" and sum(t.direct[1] for t in tasks) <= get_options().inline_bytes:
             return ["host"] * len(tasks)
         return ["batch"] * len(tasks)
@@ -160,8 +174,12 @@ class Scheduler:
         recipe = tasks[0].spec.recipe
         codecs = recipe.bytes_codecs
         name = tasks[0].spec.name
-        if self.force is not None:
+        if self.force in ("host", "batch"):
             return [self.force] * len(tasks), None
+        if self.force == "share":
+            codec, kind = compressor(codecs) or "stored", stream_kind(codecs) or ""
+            decision = Decision(name, codec, 0, 0, "forced", kind, id(recipe), shared=True)
+            return ["share"] * len(tasks), decision
         if device.name != "gpu":
             return ["host"] * len(tasks), None
         if not codecs:  # uncompressed tiles, staged only to be scattered
@@ -180,24 +198,16 @@ class Scheduler:
         if route is not None:
             n = len(tasks) if route == "batch" else 0
             return [route] * len(tasks), Decision(name, codec, n, len(tasks) - n, why, kind, key)
-        r = self.rates_for(kind, device)
-        threads = device.threads
-        sizes = np.array([t.spec.recipe.nbytes for t in tasks], dtype=np.float64)
-        # a Blosc chunk is many streams, one per block (and per byte of the type when split)
-        longest = stream_bytes(codecs)
-        k, tg, th = split(sizes, r, threads, longest, batch_bytes)
-        cpu = f"{threads} CPU threads"
-        if 0 < k < len(tasks):
-            why = f"cost model: nvCOMP {tg * 1e3:.1f} ms beside {cpu} {th * 1e3:.1f} ms"
-        elif k:
-            alone = r.host_seconds(sizes, threads)
-            why = f"cost model: nvCOMP {tg * 1e3:.1f} ms, {cpu} alone {alone * 1e3:.1f} ms"
-        else:
-            alone = r.gpu_seconds(sizes, longest, batch_bytes)
-            why = f"cost model: {cpu} {th * 1e3:.1f} ms, nvCOMP alone {alone * 1e3:.1f} ms"
-        why += "" if r.measured else ", default rates"
-        decision = Decision(name, codec, k, len(tasks) - k, why, kind, key, learns=self._rates is None)
-        return ["batch"] * k + ["host"] * (len(tasks) - k), decision
+        seed = self.seed(tasks, device)
+        total = sum(t.spec.recipe.nbytes for t in tasks)
+        if total < seed:
+            why = (
+                f"{total / 2**20:.1f} MiB: less than CPU threads decode in one nvCOMP call's time "
+                f"({seed / 2**20:.0f} MiB)"
+            )
+            return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), why, kind, key)
+        why = "shared: nvCOMP from the front of one queue, CPU threads from its back"
+        return ["share"] * len(tasks), Decision(name, codec, 0, 0, why, kind, key, shared=True)
 
 
 def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
@@ -209,12 +219,6 @@ def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
         return "host", "decode='cpu'"
     kind = stream_kind(codecs)
     isolated = isolable(codecs) and get_options().decoder_process != "off"
-    if isolated and _blosc(codecs):
-        # safe in the decoder process, but their many small streams decode faster on CPU threads
-        return (
-            "host",
-            "Blosc's zstd blocks: c-blosc on CPU threads (decode='gpu': nvCOMP in the decoder process)",
-        )
     if not isolated and not decodes_on_gpu(kind, "auto", proven(codecs)):
         return "host", stream(kind).host_only or "decoded safely on the CPU"
     return None, ""
@@ -241,11 +245,6 @@ def isolable(codecs: tuple[str, ...]) -> bool:
     if kind is None or proven(codecs):
         return False
     return stream(kind).nvcomp_faults
-
-
-def _blosc(codecs: tuple[str, ...]) -> bool:
-    name = compressor(codecs)
-    return name is not None and name.startswith("blosc-")
 
 
 def nvcomp_decodes(codecs: tuple[str, ...], device: Any, decode: str) -> bool:
@@ -281,49 +280,14 @@ def lands_pinned(spec: Any, device: Any, decode: str = "auto") -> bool:
     return compressor(codecs) is not None and fixed_route(codecs, decode)[0] != "host"
 
 
-def learn_from(decisions: list[Decision], tasks: list[Any], device: Any, clock: Any, jobs: Any) -> None:
-    """Hand a read's own timings of each scheduled group to the rates (:func:`learn`):
-    ``clock.groups``, the batches' decode seconds per recipe; ``jobs``, the host route's."""
-    if not decisions or clock.crowded:  # other reads ran beside this one: not its own timings
-        return
-    if any(getattr(t, "blob", None) is not None for t in tasks):  # fetches shared the CPU
-        return
-    spent = jobs.spent()
-    sizes = {id(t.spec.recipe): t.spec.recipe.nbytes for t in tasks}
-    for d in decisions:
-        if d.learns and d.key in sizes:
-            learn(d, device, sizes[d.key], clock.groups.get(d.key, 0.0), jobs.wall, spent.get(d.key, 0.0))
-
-
-def split(
-    sizes: np.ndarray,
-    r: Rates,
-    threads: int,
-    stream_bytes: float | None = None,
-    batch_bytes: float | None = None,
-) -> tuple[int, float, float]:
-    """How many of the chunks (the first ``k``) go to nvCOMP; returns ``k`` and both
-    processors' estimated seconds.
-
-    Both processors share the interpreter and the host's memory: a read split between them
-    ran measurably slower than the model's sum (Blosc LZ4 on an H200 host: 5.7 GB/s split
-    against 21 on nvCOMP alone). A split is taken only where it is estimated to save
-    40 % of the faster processor's time alone (the ``split_gain`` option; two processors of equal
-    speed save at most half).
-    """
-    n = len(sizes)
-    alone_gpu = r.gpu_seconds(sizes, stream_bytes, batch_bytes)
-    alone_host = r.host_seconds(sizes, threads)
-    best = (math.inf, 0, 0.0, 0.0)
-    # candidate shares: every count for small groups, 64 steps for large ones
-    for k in sorted(set(np.linspace(0, n, min(n, 64) + 1).round().astype(int).tolist())):
-        tg = r.gpu_seconds(sizes[:k], stream_bytes, batch_bytes)
-        th = r.host_seconds(sizes[k:], threads)
-        if max(tg, th) < best[0]:
-            best = (max(tg, th), k, tg, th)
-    if 0 < best[1] < n and best[0] > get_options().split_gain * min(alone_gpu, alone_host):
-        return (n, alone_gpu, 0.0) if alone_gpu <= alone_host else (0, 0.0, alone_host)
-    return best[1], best[2], best[3]
+def seed_bytes(r: Rates, recipe: Any, threads: int) -> int:
+    """Decoded bytes the CPU threads decode in the time the shortest nvCOMP call of a recipe's
+    chunks takes (its fixed cost and its longest stream on one group of GPU threads): below
+    this a group goes to CPU threads alone, and the batches stop taking from a shared queue
+    once less is left. Only a seed: the queue decides the share."""
+    longest = min(recipe.nbytes, stream_bytes(recipe.bytes_codecs) or recipe.nbytes)
+    pool = r.host_pool or threads * r.host_thread
+    return int(pool * (r.gpu_call + longest / r.gpu_stream))
 
 
 # -- calibration ----------------------------------------------------------------------------
@@ -367,6 +331,24 @@ def _machine_key(device: Any) -> str:
     return f"{gpu}|{os.cpu_count()} cores|nvcomp {nv}|model 4"
 
 
+def known_rates(kind: str, device: Any) -> Rates:
+    """This machine's rates for ``kind`` where measured before (:func:`rates`, which
+    :func:`~cupy_xarray.warm_up` runs), else :data:`DEFAULT_RATES`; never measures (a read
+    must not wait for that)."""
+    default = DEFAULT_RATES.get(kind, DEFAULT_RATES["zstd"])
+    if not get_options().calibrate:
+        return default
+    key = f"{machine_key(device)}|{kind}"
+    found = _cache.get(key)
+    if found is None:
+        stored = _load(cache_path()).get(key)
+        try:
+            found = _cache[key] = Rates(**stored) if stored else default
+        except TypeError:  # written by another version
+            found = _cache[key] = default
+    return found
+
+
 def rates(kind: str, device: Any) -> Rates:
     """This machine's rates for ``kind``: from the cache file, else measured now and cached.
 
@@ -377,7 +359,7 @@ def rates(kind: str, device: Any) -> Rates:
         return DEFAULT_RATES[kind]
     with _lock:
         key = f"{machine_key(device)}|{kind}"
-        if key in _cache:
+        if key in _cache and _cache[key].measured:
             return _cache[key]
         path = cache_path()
         stored = _load(path)
@@ -397,60 +379,6 @@ def rates(kind: str, device: Any) -> Rates:
         _store(path, stored)
         log.debug("decode rates for %s: %s", kind, measured)
         return measured
-
-
-#: chunks a route must have decoded in a read for its timing to refine the rates, and their
-#: least size (the per-call costs of tiny chunks would pass for slow decoding)
-LEARN_MIN_CHUNKS = 8
-LEARN_MIN_CHUNK_BYTES = 2**18
-#: how far one read moves a rate towards what it measured
-LEARN_WEIGHT = 0.7
-
-
-def learn(
-    decision: Decision,
-    device: Any,
-    nbytes: int,
-    gpu_seconds: float = 0.0,
-    host_wall: float = 0.0,
-    host_job_seconds: float = 0.0,
-) -> None:
-    """Refine this machine's rates for ``decision.kind`` from a read's own timings.
-
-    ``nbytes``: decoded bytes of one chunk; ``gpu_seconds``: wall time of the batches'
-    decodes of the group; ``host_wall``: wall time of the CPU threads' work on it;
-    ``host_job_seconds``: their summed time. Synthetic samples decode unlike real data (and
-    cannot show what threads cost each other), so what a read of the user's own store
-    measured, with one processor alone, moves the figures most of the way there:
-    nvCOMP's rate from a read it did alone, the pool's from a full load on CPU threads, one
-    thread's from a read of fewer chunks than threads.
-    """
-    if not decision.learns or not decision.kind or nbytes < LEARN_MIN_CHUNK_BYTES:
-        return
-    threads = getattr(device, "threads", 16)
-    with _lock:
-        key = f"{machine_key(device)}|{decision.kind}"
-        r = _cache.get(key)
-        if r is None:
-            return
-        host, pool, gpu = r.host_thread, r.host_pool, r.gpu
-        if decision.gpu == 0 and decision.host >= 2 * threads and host_wall > 0:
-            pool = (1 - LEARN_WEIGHT) * (
-                pool or threads * host
-            ) + LEARN_WEIGHT * decision.host * nbytes / host_wall
-        elif decision.gpu == 0 and 0 < decision.host <= threads and host_job_seconds > 0:
-            host = (1 - LEARN_WEIGHT) * host + LEARN_WEIGHT * decision.host * nbytes / host_job_seconds
-        elif decision.host == 0 and decision.gpu >= LEARN_MIN_CHUNKS and gpu_seconds > 0:
-            longest = stream_bytes((decision.codec,)) or nbytes
-            spent = max(gpu_seconds - r.gpu_call - longest / r.gpu_stream, 0.25 * gpu_seconds)
-            gpu = (1 - LEARN_WEIGHT) * gpu + LEARN_WEIGHT * decision.gpu * nbytes / spent
-        else:
-            return
-        _cache[key] = new = Rates(host, gpu, r.gpu_stream, r.gpu_call, r.measured, r.reads + 1, pool)
-        stored = _load(cache_path())
-        stored[key] = asdict(new)
-        _store(cache_path(), stored)
-        log.debug("decode rates for %s refined by a read: %s", decision.kind, new)
 
 
 def _load(path: str) -> dict:

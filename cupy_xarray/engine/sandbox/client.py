@@ -169,6 +169,12 @@ class DecoderProcesses:
         #: the arenas batches are decoded in
         self.arenas = _ArenaPool(self, mode == "nvcomp")
 
+    def start(self) -> None:
+        """Start the process that will decode, without waiting for it (a warm start)."""
+        with self._lock:
+            if self._current is None and self._spare is None:
+                self._spare = _Worker(self.mode)
+
     def fail_next(self, fault: str) -> None:
         """Make the next batch fail on purpose (``"die"`` or ``"stall"``): for tests of the
         watchdog, the restart and the re-decode on CPU threads."""

@@ -1,0 +1,172 @@
+"""Work shared as the read goes (:mod:`cupy_xarray.engine.share`): the batches take from the
+front of one queue, CPU threads from its back. On the CPU the batches decode with the CPU
+decoders (what nvCOMP does on a GPU), so CI runs the whole orchestration; the GPU run
+repeats the reads with nvCOMP."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from conftest import host, run_in_threads
+from test_xarray_surface import _same_encoding
+
+from cupy_xarray import record_reads
+from cupy_xarray.device import resolve_device
+from cupy_xarray.engine import array_spec, read_arrays
+from cupy_xarray.engine.schedule import Scheduler
+from cupy_xarray.engine.share import WorkQueue
+from cupy_xarray.errors import ChunkError
+
+
+def _tasks(sizes):
+    out = []
+    for i, n in enumerate(sizes):
+        spec = SimpleNamespace(recipe=SimpleNamespace(nbytes=int(n)))
+        out.append(SimpleNamespace(spec=spec, index=i))
+    return out
+
+
+def test_the_batches_take_from_the_front_and_threads_from_the_back():
+    q = WorkQueue(_tasks([100] * 10), seed_bytes=0)
+    first = q.take_front(10_000)
+    assert [t.index for t in first] == [0, 1, 2, 3, 4]  # half of what is left
+    assert [t.index for t in q.take_back(250)] == [9, 8]  # a job: up to 250 bytes of work
+    assert [t.index for t in q.take_back(1)] == [7]  # one task at least
+    assert [t.index for t in q.take_front(100)] == [5]  # the budget caps a batch
+    assert q.left == 100 and len(q) == 1
+    assert [t.index for t in q.take_front(10_000)] == [6]  # one at least
+    assert q.take_back(1) == [] and q.take_front(1) == [] and q.left == 0
+
+
+def test_the_batches_stop_below_the_seed_and_a_closed_queue_gives_nothing():
+    q = WorkQueue(_tasks([100] * 10), seed_bytes=300)
+    assert len(q.take_front(10_000)) == 5  # half of 1000
+    assert len(q.take_front(10_000)) == 3  # at least the seed
+    assert q.take_front(10_000) == [] and q.left == 200  # less than the seed: CPU threads' work
+    assert len(q.take_back(100)) == 1
+    q.close()
+    assert q.take_back(100) == [] and q.take_front(100) == []
+    assert WorkQueue(_tasks([100] * 2), seed_bytes=300).take_front(10_000) == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_task_is_taken_once_by_ends_racing(seed):
+    """Batches and eight threads take from a queue at once: every task is taken exactly
+    once, the batches' tasks come in stored order, and the counts add up."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 5000, size=2000)
+    q = WorkQueue(_tasks(sizes), seed_bytes=int(rng.integers(0, 20000)), max_ops=64)
+    taken: list[list] = []
+    lock = threading.Lock()
+
+    def back(_):
+        while got := q.take_back(int(rng.integers(1, 8000))):
+            with lock:
+                taken.append([t.index for t in got])
+
+    front = []
+    threads = [threading.Thread(target=back, args=(k,)) for k in range(8)]
+    for th in threads:
+        th.start()
+    while got := q.take_front(int(rng.integers(1, 200_000))):
+        assert len(got) <= 64
+        front.extend(t.index for t in got)
+    for th in threads:
+        th.join()
+    everything = sorted(front + [i for job in taken for i in job])
+    assert everything == list(range(2000))
+    assert front == list(range(len(front)))  # a prefix, in order
+    assert sum(q.front.values()) == len(front) and sum(q.back.values()) == 2000 - len(front)
+    assert q.left == 0
+
+
+# -- reads ------------------------------------------------------------------------------------
+
+
+def _store(tmp_path, shape=(64, 128, 128), chunks=(2, 64, 64), name="s.zarr"):
+    data = (np.arange(np.prod(shape), dtype="f4").reshape(shape) % 977) * 0.25
+    zstd = zarr.codecs.ZstdCodec(level=1)
+    a = zarr.create_array(str(tmp_path / name), shape=shape, chunks=chunks, dtype="f4", compressors=zstd)
+    a[:] = data
+    return zarr.open_array(str(tmp_path / name), mode="r")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_a_shared_read_is_zarrs_and_both_ends_took_work(tmp_path, device):
+    a = _store(tmp_path)
+    spec = array_spec(a)
+    n = int(np.prod(a.cdata_shape))
+    with record_reads() as reports:
+        (got,) = read_arrays(
+            [(spec, (slice(None),) * 3)], resolve_device(device), scheduler=Scheduler(force="share")
+        )
+    np.testing.assert_array_equal(host(got), a[...])
+    (d,) = reports[-1].decisions
+    assert d.shared and d.gpu + d.host == n and d.gpu > 0 and d.host > 0, d
+    assert reports[-1].batches >= 1 and f"{d.gpu} chunks to nvCOMP, {d.host} to CPU threads" in str(
+        reports[-1]
+    )
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_a_damaged_chunk_in_a_shared_read_is_named(tmp_path, where):
+    """Damage at the front (a batch takes it) or at the back (a CPU thread does): the read
+    raises the chunk's error, ends, and the same read without the damage succeeds."""
+    a = _store(tmp_path)
+    spec = array_spec(a)
+    key = "c/0/0/0" if where == "first" else "c/31/1/1"
+    path = tmp_path / "s.zarr" / key
+    good = path.read_bytes()
+    path.write_bytes(good[:-40] + bytes(40))
+    sched = Scheduler(force="share")
+    with pytest.raises(ChunkError, match=key):
+        read_arrays([(spec, (slice(None),) * 3)], resolve_device("cpu"), scheduler=sched)
+    path.write_bytes(good)
+    (got,) = read_arrays([(spec, (slice(None),) * 3)], resolve_device("cpu"), scheduler=sched)
+    np.testing.assert_array_equal(got, a[...])
+
+
+def test_shared_reads_in_threads_and_of_many_arrays(tmp_path):
+    """Eight threads each read two arrays at once (two groups in one queue), selections of
+    every size: every value is zarr-python's."""
+    arrays = [_store(tmp_path, name=f"{k}.zarr", chunks=c) for k, c in enumerate([(2, 64, 64), (4, 32, 128)])]
+    specs = [array_spec(a) for a in arrays]
+    full = [a[...] for a in arrays]
+    sched = Scheduler(force="share")
+    cpu = resolve_device("cpu")
+
+    def work(k):
+        rng = np.random.default_rng(k)
+        for _ in range(6):
+            lo = rng.integers(0, [64, 128, 128])
+            hi = lo + rng.integers(1, [64, 128, 128])
+            sel = tuple(slice(int(x), int(y)) for x, y in zip(lo, hi))
+            got = read_arrays([(s, sel) for s in specs], cpu, scheduler=sched)
+            for g, f in zip(got, full):
+                np.testing.assert_array_equal(g, f[sel])
+
+    assert not run_in_threads(work, 8)
+
+
+def test_the_dataset_read_under_a_shared_route_is_identical(tmp_path, monkeypatch):
+    """Through xarray: the engine's default scheduler made to share every chunk on the CPU
+    gives what engine='zarr' gives, encoding included."""
+    from cupy_xarray.engine import reader
+
+    ds = xr.Dataset(
+        {"t": (("time", "y", "x"), np.random.default_rng(0).random((24, 64, 96), dtype="f4"))},
+        coords={"time": np.arange(24)},
+    )
+    ds.to_zarr(tmp_path / "d.zarr", encoding={"t": {"chunks": (2, 32, 32)}}, zarr_format=3)
+    monkeypatch.setattr(reader, "_DEFAULT_SCHEDULER", Scheduler(force="share"))
+    with record_reads() as reports:
+        got = xr.open_dataset(tmp_path / "d.zarr", engine="kvikio", device="cpu").load()
+    want = xr.open_dataset(tmp_path / "d.zarr", engine="zarr").load()
+    xr.testing.assert_identical(got, want)
+    assert _same_encoding(got.t.encoding, want.t.encoding), (got.t.encoding, want.t.encoding)
+    assert any(d.shared and d.gpu and d.host for r in reports for d in r.decisions)
