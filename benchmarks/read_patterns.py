@@ -275,7 +275,108 @@ def dask_paths(path: Path, threads: int, t_len: int, chunk_t: int) -> dict:
         ds = xr.open_dataset(path, engine="kvikio", threads=threads, chunks={"t": chunk_t, "y": -1, "x": -1})
         return ds["field"].mean().data.compute()
 
-    return {"dask chunks={}": own_chunks, "dask 256MiB": big_chunks, "dask 256MiB .mean()": big_mean}
+    def auto_chunks():
+        return xr.open_dataset(path, engine="kvikio", threads=threads, chunks="auto")["field"].data.compute()
+
+    def auto_mean():
+        ds = xr.open_dataset(path, engine="kvikio", threads=threads, chunks="auto")
+        return ds["field"].mean().data.compute()
+
+    def own_mean():
+        ds = xr.open_dataset(path, engine="kvikio", threads=threads, chunks={})
+        return ds["field"].mean().data.compute()
+
+    return {
+        "dask chunks={}": own_chunks,
+        "dask chunks={} .mean()": own_mean,
+        "dask chunks='auto'": auto_chunks,
+        "dask chunks='auto' .mean()": auto_mean,
+        "dask 256MiB": big_chunks,
+        "dask 256MiB .mean()": big_mean,
+    }
+
+
+ERA5_VARS = ("t2m", "u10", "v10", "msl")
+
+
+def era5_store(root: Path, steps: int) -> Path:
+    """An ERA5-like store: four float32 variables of ``steps`` hourly 721 x 1440 fields,
+    a chunk per step and variable, zarr v3's default zstd."""
+    import xarray as xr
+    import zarr
+
+    path = root / f"era5-{steps}.zarr"
+    if (path / "zarr.json").exists():
+        return path
+    y = np.linspace(-np.pi / 2, np.pi / 2, 721, dtype="f4")[:, None]
+    x = np.linspace(0, 2 * np.pi, 1440, dtype="f4")[None, :]
+    first = True
+    for t0 in range(0, steps, 16):
+        n = min(16, steps - t0)
+        t = np.arange(t0, t0 + n, dtype="f4")[:, None, None]
+        data = {
+            v: (
+                ("time", "lat", "lon"),
+                (np.round((np.sin(y * (k + 1) + t / 24) * np.cos(x + k) * 20 + 280) * 64) / 64).astype("f4"),
+            )
+            for k, v in enumerate(ERA5_VARS)
+        }
+        ds = xr.Dataset(data, coords={"time": np.arange(t0, t0 + n)})
+        if first:
+            enc = {v: {"chunks": (1, 721, 1440), "compressors": zarr.codecs.ZstdCodec()} for v in ERA5_VARS}
+            ds.to_zarr(path, mode="w", encoding=enc, zarr_format=3)
+            first = False
+        else:
+            ds.to_zarr(path, append_dim="time")
+    return path
+
+
+def era5_batches(root: Path, steps: int, threads: int, repeat: int) -> dict:
+    """Batches of 32 steps of every variable (what a training loop reads), consecutive and
+    random, engine beside zarr's GPU mode; GB/s and ms per batch."""
+    import xarray as xr
+    import zarr
+
+    path = era5_store(root, steps)
+    rng = np.random.default_rng(0)
+    starts = [int(s) for s in rng.integers(0, steps - 32, size=repeat)]
+    picks = [np.sort(rng.choice(steps, 32, replace=False)) for _ in range(repeat)]
+    nbytes = 32 * 721 * 1440 * 4 * len(ERA5_VARS)
+    ds = xr.open_dataset(path, engine="kvikio", threads=threads)
+
+    def engine(sel):
+        return lambda i: [a.data for a in ds[list(ERA5_VARS)].isel(time=sel(i)).data_vars.values()]
+
+    def zarr_gpu(sel):
+        def read(i):
+            with zarr.config.enable_gpu():
+                g = zarr.open_group(path, mode="r")
+                return [g[v].get_orthogonal_selection((sel(i), slice(None), slice(None))) for v in ERA5_VARS]
+
+        return read
+
+    out = {}
+    for label, sel in [
+        ("consecutive", lambda i: slice(starts[i], starts[i] + 32)),
+        ("random", lambda i: picks[i]),
+    ]:
+        for who, make in [("engine", engine), ("zarr GPU mode", zarr_gpu)]:
+            fn = make(sel)
+            fn(0)
+            sync()
+            times = []
+            for i in range(repeat):
+                t0 = time.perf_counter()
+                fn(i)
+                sync()
+                times.append(time.perf_counter() - t0)
+            t = statistics.median(times)
+            out[f"{who} {label}"] = {"GBps": nbytes / t / 1e9, "ms": t * 1e3}
+            print(
+                f"  era5 32 x 4 {who:>14} {label:<11} {nbytes / t / 1e9:6.2f} GB/s  {t * 1e3:7.1f} ms",
+                flush=True,
+            )
+    return out
 
 
 def threads_small(path: Path, threads: int, readers: int, per_reader: int) -> float:
@@ -349,7 +450,7 @@ def measure(name: str, path: Path, args) -> dict:
     chunk_t = max(1, 256 * 2**20 // (SIDE * SIDE * 4))
     dask = dask_paths(path, args.threads, t_len, chunk_t)
     for label, fn in dask.items():
-        if args.quick and label != "dask chunks={}":
+        if args.quick and label not in ("dask chunks={}", "dask chunks='auto'"):
             continue
         record(label, fn, 1)
 
@@ -451,6 +552,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="eager reads, ceilings, dask chunks={}, one chunk")
+    ap.add_argument("--era5-steps", type=int, default=0, help="also the ERA5-like batches (0: not)")
     args = ap.parse_args()
 
     root = Path(args.dir)
@@ -476,6 +578,11 @@ def main() -> None:
             Path(args.json).write_text(
                 json.dumps({"meta": run_meta(), "rows": results}, indent=1, default=str)
             )
+    era5 = era5_batches(root, args.era5_steps, args.threads, 8) if args.era5_steps else {}
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"meta": run_meta(), "rows": results, "era5": era5}, indent=1, default=str)
+        )
     table(results)
 
 

@@ -19,7 +19,10 @@ import numpy as np
 from .errors import EXTRA_HINT, MissingGPUPackageError, NoGPUError
 from .options import get_options
 
-CPU_HINT = "pass device='cpu' (or use .cupy.as_numpy()) to stay on the CPU"
+CPU_HINT = (
+    "pass device='cpu' (or use .cupy.as_numpy()) to stay on the CPU, or set CUPY_XARRAY_DEVICE=cpu "
+    "to run code written for a GPU on the CPU"
+)
 
 
 def default_threads() -> int:
@@ -51,11 +54,13 @@ _started: set[int] = set()
 _started_lock = threading.Lock()
 
 
-def start_gpu(cupy: Any) -> None:
-    """Create the current GPU's CUDA context on a background thread, once per device.
+def start_gpu(cupy: Any, threads: int | None = None) -> None:
+    """Start, on a background thread and once per device, what a first GPU read would
+    otherwise wait for: the CUDA context, then the engine's CPU threads, nvCOMP's library,
+    the decoder process and kvikio (:func:`~cupy_xarray.warmup.warm_engine`).
 
-    Opening a store lazily takes longer than that (xarray decodes its coordinates), so the
-    first read finds the context ready instead of waiting for it.
+    Opening a store (called from there) takes a while itself (xarray decodes its
+    coordinates), so the first read finds much of it ready.
     """
     try:
         index = cupy.cuda.runtime.getDevice()
@@ -70,6 +75,9 @@ def start_gpu(cupy: Any) -> None:
         try:
             cupy.cuda.runtime.setDevice(index)
             cupy.cuda.runtime.free(0)  # the first runtime call that needs a context makes it
+            from .warmup import warm_engine
+
+            warm_engine(threads or default_threads())
         except Exception:  # noqa: BLE001 - the read itself reports what is wrong
             pass
 
@@ -232,7 +240,8 @@ def resolve_device(device: Any = "gpu", threads: int | None = None) -> Device | 
     Parameters
     ----------
     device
-        ``"gpu"`` (default; also ``"cuda"``), ``"cpu"``, a zarr ``BufferPrototype``, or a
+        ``"gpu"`` (default; also ``"cuda"``; the CPU where the ``device`` setting,
+        ``CUPY_XARRAY_DEVICE``, is ``"cpu"``), ``"cpu"``, a zarr ``BufferPrototype``, or a
         Device already resolved.
     threads
         I/O threads; default :func:`default_threads`.
@@ -241,6 +250,8 @@ def resolve_device(device: Any = "gpu", threads: int | None = None) -> Device | 
         return device
     if isinstance(device, str):
         key = {"cuda": "gpu"}.get(device.lower(), device.lower())
+        if key == "gpu" and get_options().device == "cpu":  # code for a GPU, run on the CPU
+            key = "cpu"
         if key in ("gpu", "cpu"):
             return _named_device(key, threads or default_threads())
         raise ValueError(f"device must be 'gpu', 'cpu' or a zarr BufferPrototype, got {device!r}")

@@ -6,7 +6,8 @@ from __future__ import annotations
 EXTRA_HINT = (
     "install this package's GPU extra for your CUDA major version where you installed it from "
     "(in its source folder: pip install '.[cuda13]', or '.[cuda12]'), or its three packages "
-    "directly: pip install cupy-cuda13x kvikio-cu13 nvidia-nvcomp-cu13 (cu12 for CUDA 12)"
+    "directly: pip install cupy-cuda13x kvikio-cu13 nvidia-nvcomp-cu13 (cu12 for CUDA 12); "
+    "without a GPU, pass device='cpu' (or set CUPY_XARRAY_DEVICE=cpu) to read into NumPy"
 )
 
 

@@ -37,6 +37,7 @@ class Options:
     """The engine's settings (see :func:`set_options` for what each one does)."""
 
     # -- what users set ---------------------------------------------------------------------
+    device: str = "gpu"
     decode: str = "auto"
     threads: int | None = None
     decode_threads: int | None = None
@@ -81,7 +82,6 @@ class Options:
     job_bytes: int = 4 * 2**20
     kept_buffer_bytes: int = 64 * 2**20
     small_read_bytes: int = 64 * 2**20
-    split_gain: float = 0.6
     box_min_row: int = 512
     box_max_copies: int = 16
 
@@ -97,6 +97,7 @@ class Options:
 
 #: environment variable -> field, for the settings that have one
 ENVIRONMENT = {
+    "CUPY_XARRAY_DEVICE": "device",
     "CUPY_XARRAY_DECODE": "decode",
     "CUPY_XARRAY_THREADS": "threads",
     "CUPY_XARRAY_DECODE_THREADS": "decode_threads",
@@ -155,6 +156,8 @@ def _convert(name: str, value: Any, source: str) -> Any:
 
 
 def _check(options: Options, source: str) -> Options:
+    if options.device not in ("gpu", "cpu"):
+        raise ValueError(f"device must be 'gpu' or 'cpu', got {options.device!r} ({source})")
     if options.decoder_process not in ("auto", "on", "off"):
         raise ValueError(
             f"decoder_process must be 'auto', 'on' or 'off', got {options.decoder_process!r} ({source})"
@@ -195,6 +198,11 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
     """Change the engine's settings inside a ``with`` block (this thread and the engine's
     threads working for it). Keywords are the fields of :class:`Options`:
 
+    device
+        Where reads for the GPU go (``CUPY_XARRAY_DEVICE``): ``"gpu"`` (default), or ``"cpu"``
+        to run code written for a GPU unchanged on a machine without one: ``device="gpu"``
+        (every reader's default) then reads into NumPy on the CPU. Conversions asked for by
+        name (``.cupy.as_cupy()``) still need a GPU.
     decode
         Where a GPU read decodes compressed chunks: ``"auto"``, ``"gpu"`` or ``"cpu"``
         (``CUPY_XARRAY_DECODE``).
