@@ -106,8 +106,9 @@ class CupyDataArrayAccessor:
 
         Returns
         -------
-        What :meth:`xarray.Dataset.to_zarr` returns: a ``ZarrStore``, or with ``compute=False``
-        a dask ``Delayed`` that writes the dask arrays.
+        ZarrStore or dask.delayed.Delayed
+            What :meth:`xarray.Dataset.to_zarr` returns: the store, or with ``compute=False`` a
+            dask ``Delayed`` that writes the dask arrays.
         """
         from xarray.backends.api import DATAARRAY_NAME, DATAARRAY_VARIABLE
 
@@ -167,8 +168,9 @@ class CupyDatasetAccessor:
 
         Returns
         -------
-        What :meth:`xarray.Dataset.to_zarr` returns: a ``ZarrStore``, or with ``compute=False``
-        a dask ``Delayed`` that writes the dask arrays.
+        ZarrStore or dask.delayed.Delayed
+            What :meth:`xarray.Dataset.to_zarr` returns: the store, or with ``compute=False`` a
+            dask ``Delayed`` that writes the dask arrays.
 
         Examples
         --------

@@ -314,11 +314,7 @@ def _stores(
     except StoreError:
         raise
     except ImportError as exc:  # a remote protocol whose fsspec filesystem is not installed
-        raise StoreError(
-            f"cannot open {path!r}: {exc} (remote stores open through fsspec: install this package's "
-            "'.[remote]' extra from its source folder, or fsspec with the protocol's file system, "
-            "such as aiohttp for https:// or s3fs for s3://)"
-        ) from exc
+        raise StoreError(f"cannot open {path!r}: {exc} ({_install_hint(path)})") from exc
     except PermissionError as exc:
         raise StoreError(
             f"cannot open {path!r}: access denied ({exc}); check the credentials (storage_options=, or "
@@ -329,11 +325,88 @@ def _stores(
         what = _what_is_there(local, group, zarr_format) if local is not None else None
         if what is not None:
             raise StoreError(f"cannot open {where}{path!r}: {what}") from exc
+        if remote:
+            kind, why = remote_failure(path, exc, group)
+            if kind is not None:
+                raise kind(why) from exc
         raise StoreError(
             f"cannot open {where}{path!r} as a Zarr store ({type(exc).__name__}: {exc}); "
             "check the path, the group and zarr_format"
         ) from exc
     return {key: KvikioStore(store, reads, containment) for key, store in opened.items()}
+
+
+#: the fsspec file system each remote protocol needs, and the package that brings it
+_PROTOCOL_PACKAGES = {
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+    "http": "aiohttp",
+    "https": "aiohttp",
+}
+
+
+def _install_hint(path: str) -> str:
+    protocol = path.split("://", 1)[0].lower()
+    package = _PROTOCOL_PACKAGES.get(protocol)
+    extra = "this package's '.[remote]' extra (from its source folder) brings fsspec, s3fs and aiohttp"
+    if package is None:
+        return f"remote stores open through fsspec: install the file system for {protocol}://; {extra}"
+    return f"{protocol}:// stores open through fsspec's {package}: pip install fsspec {package}; {extra}"
+
+
+def _chain(exc: BaseException):
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def remote_failure(path: str, exc: BaseException, group: str | None = None) -> tuple[type | None, str]:
+    """What made a remote store fail to open, and what to do: (the error type, its message),
+    or (None, "") where the cause is not one of those below."""
+    import socket
+    from urllib.parse import urlsplit
+
+    chain = list(_chain(exc))
+    names = {type(e).__name__ for e in chain}
+    text = " ".join(str(e) for e in chain)
+    url = urlsplit(path)
+    where = f"group {group!r} of " if group else ""
+    start = f"cannot open {where}{path!r}"
+    if any(isinstance(e, socket.gaierror) for e in chain) or "ClientConnectorDNSError" in names:
+        return StoreError, (
+            f"{start}: the host name {url.hostname!r} does not resolve (DNS); check the URL's host, "
+            "and that this machine reaches the network"
+        )
+    if any(isinstance(e, ConnectionRefusedError) for e in chain):
+        port = f":{url.port}" if url.port else ""
+        return StoreError, (
+            f"{start}: the connection to {url.hostname}{port} was refused (nothing listens there); "
+            "check the URL's host and port, and that the server runs"
+        )
+    if "NoCredentialsError" in names or "Unable to locate credentials" in text:
+        return StoreError, (
+            f"{start}: no credentials were found; set them in the environment (AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) or in storage_options=, or pass "
+            "storage_options={'anon': True} for a public bucket"
+        )
+    if any(isinstance(e, TimeoutError) for e in chain):
+        return StoreError, (
+            f"{start}: the server did not answer in time; try again, or raise the remote_timeout "
+            "setting (cupy_xarray.set_options(remote_timeout=...))"
+        )
+    if any(isinstance(e, FileNotFoundError) for e in chain) or "GroupNotFoundError" in names:
+        return StoreNotFoundError, (
+            f"no such Zarr store: {where}{path!r} does not exist (the server answered, but holds no "
+            "zarr.json or .zgroup there); check the path, the group and zarr_format"
+        )
+    return None, ""
 
 
 def _what_is_there(local: str, group: str | None, zarr_format: int | None) -> str | None:

@@ -254,10 +254,11 @@ def _v2_members(doc: Any) -> list[str]:
 
 
 def _declared_chunk_shape(meta: Any) -> tuple[int, ...] | None:
-    """The chunk shape the metadata document declares (a regular grid's), as written."""
+    """The chunk shape the metadata document declares (a regular grid's), as written (read
+    from its fields: serializing the document again makes zarr warn about data types whose
+    v3 form is not specified, which a read has no business doing)."""
     try:
-        doc = meta.to_dict()
-        shape = doc["chunks"] if meta.zarr_format == 2 else doc["chunk_grid"]["configuration"]["chunk_shape"]
+        shape = meta.chunks if meta.zarr_format == 2 else meta.chunk_grid.chunk_shape
         return tuple(int(c) for c in shape)
     except (AttributeError, KeyError, TypeError, ValueError):
         return None

@@ -64,7 +64,9 @@ def read_zarr_gds(
     Parameters
     ----------
     store
-        A local Zarr store (v2 or v3): a path, a ``file://`` URL or a ``zarr.storage.LocalStore``.
+        A Zarr store (v2 or v3): a path, a ``file://`` URL or a ``zarr.storage.LocalStore``;
+        or a remote one: an ``s3://``, ``https://`` or other fsspec URL (with
+        ``storage_options=``), or zarr's ``FsspecStore`` / ``ObjectStore``.
     group
         Group inside the store.
     variables

@@ -813,3 +813,57 @@ def test_metadata_reads_have_a_deadline_and_retries(http, options):
     finally:
         http.faults.clear()
     xr.testing.assert_identical(ds.tiles.load(), xr.open_dataset(url, engine="zarr").tiles.load())
+
+
+# -- what a store that does not open says -----------------------------------------------------
+
+
+def test_a_missing_remote_store_reads_as_a_missing_local_one(http, tmp_path):
+    """One wording for a store that is not there, local or remote: StoreNotFoundError (a
+    FileNotFoundError) naming the path."""
+    from cupy_xarray.errors import StoreNotFoundError
+
+    for path in (f"{http.url}/missing.zarr", str(tmp_path / "missing.zarr")):
+        with pytest.raises(
+            StoreNotFoundError, match=r"^no such Zarr store: .*missing\.zarr.* does not exist"
+        ):
+            xr.open_dataset(path, engine="kvikio", device="cpu")
+    assert issubclass(StoreNotFoundError, FileNotFoundError)
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("https://no-such-host.invalid/s.zarr", r"host name 'no-such-host.invalid' does not resolve \(DNS\)"),
+        ("http://127.0.0.1:1/s.zarr", r"connection to 127.0.0.1:1 was refused .*server runs"),
+    ],
+)
+def test_connection_failures_say_what_failed(url, says, options):
+    options(remote_retries=0)
+    with pytest.raises(StoreError, match=says) as info:
+        xr.open_dataset(url, engine="kvikio", device="cpu")
+    assert "zarr_format" not in str(info.value)
+
+
+def test_missing_credentials_say_so(s3, monkeypatch, tmp_path, options):
+    options(remote_retries=0)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StoreError, match=r"no credentials were found.*AWS_ACCESS_KEY_ID.*'anon': True"):
+        xr.open_dataset(s3.url, engine="kvikio", device="cpu", storage_options={"endpoint_url": s3.endpoint})
+
+
+def test_a_protocol_without_its_file_system_names_the_package():
+    import importlib.util
+
+    from cupy_xarray.backend import _install_hint
+
+    if importlib.util.find_spec("gcsfs") is None:
+        with pytest.raises(
+            StoreError, match=r"gs:// stores open through fsspec's gcsfs: pip install fsspec gcsfs"
+        ):
+            xr.open_dataset("gs://bucket/data.zarr", engine="kvikio", device="cpu")
+    assert "adlfs" in _install_hint("abfs://c/x.zarr") and "s3fs" in _install_hint("s3://b/x.zarr")

@@ -226,6 +226,10 @@ def test_a_read_reports_its_decisions(tmp_path):
     (report,) = reports
     assert report.decisions == [] and report.batches == 0 and report.arrays == [spec.name]
     assert report.phases.get("host route", 0) > 0 and report.nbytes == a.nbytes
+    # what only a GPU read chooses is not printed for a CPU read
+    assert "staging" not in str(report) and "decode=" not in str(report) and "to the cpu" in str(report)
+    report.device = "gpu"
+    assert "staging 0.0 MiB, decode='auto'" in str(report)
 
 
 # ------------------------------------------------- same values whichever route a chunk took

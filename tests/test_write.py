@@ -167,6 +167,9 @@ def test_the_engine_writes_the_files_xarray_writes(tmp_path, fmt, chain, dtype):
         ds.cupy.to_zarr(tmp_path / "engine.zarr", zarr_format=fmt, encoding=enc)
     (report,) = reports
     assert report.arrays == ["v"] and report.encoder == "cpu" and report.chunks > 0
+    # the rest of the dataset (its coordinates) xarray wrote, and the report says so
+    assert sorted(report.by_xarray) == sorted(str(n) for n in ds.variables if n != "v")
+    assert report.by_xarray and f"written by xarray: {', '.join(report.by_xarray)}" in str(report)
     assert_same_files(tmp_path / "xarray.zarr", tmp_path / "engine.zarr")
     want = xr.open_dataset(tmp_path / "xarray.zarr", engine="zarr").load()
     xr.testing.assert_identical(xr.open_dataset(tmp_path / "engine.zarr", engine="zarr").load(), want)

@@ -445,3 +445,22 @@ def test_no_gpu_advice_fits_where_it_is_given(monkeypatch):
     assert "device=" not in str(moved.value) and "as_numpy" in str(moved.value)
     with pytest.raises(NoGPUError, match="pass device='cpu'"):
         dev.require_gpu()
+
+
+def test_string_and_bytes_stores_warn_as_engine_zarr_does(tmp_path):
+    """v3 stores of strings and fixed-length bytes: the engine's open and load give the
+    warnings engine="zarr" gives (none), and its values."""
+    import warnings
+
+    ds = xr.Dataset({"s": ("x", np.array(["a", "bc", "def"])), "b": ("x", np.array([b"a", b"bc", b"d"]))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr's own warnings about writing these types
+        ds.to_zarr(tmp_path / "s.zarr", zarr_format=3)
+    seen = {}
+    for engine, kw in [("zarr", {}), ("kvikio", {"device": "cpu"})]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = xr.open_dataset(tmp_path / "s.zarr", engine=engine, **kw).load()
+        seen[engine] = sorted((w.category.__name__, str(w.message)) for w in caught)
+        xr.testing.assert_identical(got, ds)
+    assert seen["kvikio"] == seen["zarr"], seen

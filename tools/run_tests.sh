@@ -4,10 +4,15 @@
 # notebooks included), and build the docs with warnings as errors; on the newest Python, the
 # conformance run of xarray's own Zarr tests (tools/conformance.py).
 # GPU tests skip cleanly where no CUDA device is available.
+# --quick: the newest Python alone, ruff and pytest, no conformance run and no docs build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+versions="3.11 3.12"
+[ $quick -eq 1 ] && versions="3.12 3.11"  # the newest found first; only it runs
 pythons=()
-for v in 3.11 3.12; do
+for v in $versions; do
   if command -v "python$v" >/dev/null 2>&1 && "python$v" -c '' 2>/dev/null; then
     pythons+=("$(command -v "python$v")")
   elif command -v pyenv >/dev/null 2>&1 && p=$(ls -d "$(pyenv root)"/versions/$v.*/bin/python 2>/dev/null | sort -V | tail -1) && [ -n "$p" ]; then
@@ -15,6 +20,7 @@ for v in 3.11 3.12; do
   fi
 done
 [ ${#pythons[@]} -gt 0 ] || { echo "no Python 3.11 or 3.12 found" >&2; exit 1; }
+[ $quick -eq 1 ] && pythons=("${pythons[0]}")
 status=0
 summary=()
 for py in "${pythons[@]}"; do
@@ -36,7 +42,7 @@ for py in "${pythons[@]}"; do
   set -e
   # exit code 5 (no tests collected) is a failure too
   [ $rc -eq 0 ] || { echo "pytest exited $rc on $py"; status=1; }
-  if [ "$py" = "${pythons[-1]}" ]; then
+  if [ "$py" = "${pythons[-1]}" ] && [ $quick -eq 0 ]; then
     # xarray's own Zarr tests, unrouted and routed through the package (docs/contributing.md)
     if "$venv/bin/python" tools/conformance.py; then
       summary+=("conformance ($("$py" --version)): 0 unexplained failures")

@@ -70,12 +70,18 @@ class ReadReport:
 
     def __str__(self) -> str:
         gbs = self.nbytes / self.seconds / 1e9 if self.seconds else 0.0
-        lines = [
+        head = (
             f"read of {', '.join(self.arrays) or 'nothing'} to the {self.device}: "
-            f"{self.nbytes / 2**20:.1f} MiB in {self.seconds * 1e3:.1f} ms ({gbs:.2f} GB/s), "
-            f"{self.batches} batch(es), "
-            f"staging {self.staging_bytes / 2**20:.1f} MiB, decode={self.decode!r}"
-        ]
+            f"{self.nbytes / 2**20:.1f} MiB in {self.seconds * 1e3:.1f} ms ({gbs:.2f} GB/s)"
+        )
+        if self.device == "gpu":  # batches, staging and decode= are what a GPU read chooses
+            head += (
+                f", {self.batches} batch(es), staging {self.staging_bytes / 2**20:.1f} MiB, "
+                f"decode={self.decode!r}"
+            )
+        elif self.batches:
+            head += f", {self.batches} batch(es)"
+        lines = [head]
         lines += [f"  {d}" for d in self.decisions]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

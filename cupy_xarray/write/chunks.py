@@ -45,6 +45,8 @@ class WriteReport:
     file_wait_s: float = 0.0
     #: what the write had to do differently (smaller batches where memory ran short)
     notes: list[str] = field(default_factory=list)
+    #: variables xarray wrote (coordinates, host data, small writes, dask chunks across stored ones)
+    by_xarray: list[str] = field(default_factory=list)
 
     def add(self, other: WriteReport) -> None:
         """Count ``other`` (a dask block's write) in this report."""
@@ -64,6 +66,7 @@ class WriteReport:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.device_bytes = max(self.device_bytes, other.device_bytes)
         self.notes += [n for n in other.notes if n not in self.notes]
+        self.by_xarray += [n for n in other.by_xarray if n not in self.by_xarray]
 
     def __str__(self) -> str:
         return (
@@ -71,7 +74,9 @@ class WriteReport:
             f"{self.empty} left out (fill value only), {self.nbytes / 2**20:.1f} MiB -> "
             f"{self.stored / 2**20:.1f} MiB in {self.batches} batch(es), {self.seconds:.3f} s "
             f"(waited {self.encode_wait_s:.3f} s for encoders, {self.file_wait_s:.3f} s for files), "
-            f"device memory {self.device_bytes / 2**20:.0f} MiB" + "".join(f"; {n}" for n in self.notes)
+            f"device memory {self.device_bytes / 2**20:.0f} MiB"
+            + (f"; written by xarray: {', '.join(self.by_xarray)}" if self.by_xarray else "")
+            + "".join(f"; {n}" for n in self.notes)
         )
 
 

@@ -372,7 +372,7 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     _refuse_overwriting_a_source(ds, root, kwargs)
     small = _small(ds)
     if small is not None:  # the engine's start costs more than it saves
-        file(_recorders, WriteReport(notes=[small]))
+        file(_recorders, WriteReport(notes=[small], by_xarray=[str(n) for n in ds.variables]))
         return ds.assign({n: _host(v) for n, v in ds.variables.items() if _on_gpu(v._data)}).to_zarr(
             store, **kwargs
         )
@@ -471,6 +471,12 @@ def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool,
     elif parts:  # every group in one write: dask inputs the groups share are computed once
         tree = xr.DataTree.from_dict({"/" + path: part for path, part in parts.items()})
         later.append(tree.to_zarr(store, mode="r+", compute=False, consolidated=False, **sub))
+    writer.report.by_xarray += [
+        node.key(str(n))
+        for node in nodes
+        for n in node.ds.variables
+        if n not in node.fast + node.blocks or n in node.lazy
+    ]
     if not tasks and not later and compute:
         return _opened(root, kwargs)
     done = dask.delayed(_joined, pure=False)(*later, *tasks)
