@@ -326,7 +326,7 @@ def _stores(
         if what is not None:
             raise StoreError(f"cannot open {where}{path!r}: {what}") from exc
         if remote:
-            kind, why = remote_failure(path, exc, group)
+            kind, why = remote_failure(path, exc, group, options.get("storage_options"))
             if kind is not None:
                 raise kind(why) from exc
         raise StoreError(
@@ -367,7 +367,9 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
-def remote_failure(path: str, exc: BaseException, group: str | None = None) -> tuple[type | None, str]:
+def remote_failure(
+    path: str, exc: BaseException, group: str | None = None, storage_options: dict | None = None
+) -> tuple[type | None, str]:
     """What made a remote store fail to open, and what to do: (the error type, its message),
     or (None, "") where the cause is not one of those below."""
     import socket
@@ -401,12 +403,26 @@ def remote_failure(path: str, exc: BaseException, group: str | None = None) -> t
             f"{start}: the server did not answer in time; try again, or raise the remote_timeout "
             "setting (cupy_xarray.set_options(remote_timeout=...))"
         )
-    if any(isinstance(e, FileNotFoundError) for e in chain) or "GroupNotFoundError" in names:
+    missing = any(isinstance(e, FileNotFoundError) for e in chain) or "GroupNotFoundError" in names
+    if missing and not _has_metadata(path, group, storage_options):
         return StoreNotFoundError, (
             f"no such Zarr store: {where}{path!r} does not exist (the server answered, but holds no "
             "zarr.json or .zgroup there); check the path, the group and zarr_format"
         )
     return None, ""
+
+
+def _has_metadata(path: str, group: str | None, storage_options: dict | None) -> bool:
+    """Whether a remote store holds a Zarr metadata document where it failed to open (asked
+    only then: one more request); True where that cannot be told."""
+    try:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
+        where = "/".join(p for p in (root.rstrip("/"), (group or "").strip("/")) if p)
+        return any(fs.exists(f"{where}/{name}") for name in ("zarr.json", ".zgroup", ".zarray"))
+    except Exception:  # noqa: BLE001 - no answer: say nothing about what is there
+        return True
 
 
 def _what_is_there(local: str, group: str | None, zarr_format: int | None) -> str | None:

@@ -49,6 +49,8 @@ class Options:
     decode_timeout: float = 120.0
     nvcomp_c: bool = True
     decoder_process: str = "auto"
+    gather: str = "auto"
+    gather_wait: float = 0.002
     decoder_timeout: float = 5.0
     decoder_min_wait: float = 1.0
     arena_linger: float = 2.0
@@ -82,6 +84,8 @@ class Options:
     job_bytes: int = 4 * 2**20
     kept_buffer_bytes: int = 64 * 2**20
     small_read_bytes: int = 64 * 2**20
+    gather_read_bytes: int = 256 * 2**20
+    gather_bytes: int = 2 * 2**30
     box_min_row: int = 512
     box_max_copies: int = 16
 
@@ -107,6 +111,7 @@ ENVIRONMENT = {
     "CUPY_XARRAY_DECODE_TIMEOUT": "decode_timeout",
     "CUPY_XARRAY_NVCOMP_C": "nvcomp_c",
     "CUPY_XARRAY_DECODER_PROCESS": "decoder_process",
+    "CUPY_XARRAY_GATHER": "gather",
     "CUPY_XARRAY_DECODER_TIMEOUT": "decoder_timeout",
     "CUPY_XARRAY_ARENA_LINGER": "arena_linger",
     "CUPY_XARRAY_MAX_CHUNK_BYTES": "max_chunk_bytes",
@@ -158,6 +163,8 @@ def _convert(name: str, value: Any, source: str) -> Any:
 def _check(options: Options, source: str) -> Options:
     if options.device not in ("gpu", "cpu"):
         raise ValueError(f"device must be 'gpu' or 'cpu', got {options.device!r} ({source})")
+    if options.gather not in ("auto", "on", "off"):
+        raise ValueError(f"gather must be 'auto', 'on' or 'off', got {options.gather!r} ({source})")
     if options.decoder_process not in ("auto", "on", "off"):
         raise ValueError(
             f"decoder_process must be 'auto', 'on' or 'off', got {options.decoder_process!r} ({source})"
@@ -227,6 +234,13 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         batch it does not answer within a few times its expected time (at least
         ``decoder_min_wait``, at most ``decoder_timeout`` seconds; ``CUPY_XARRAY_DECODER_TIMEOUT``)
         costs that process, and the batch is decoded again on CPU threads.
+    gather, gather_wait
+        Small reads (up to ``gather_read_bytes``: dask tasks, a data loader's batches) made in
+        several threads at once are read together, as one read of up to ``gather_bytes``
+        (:mod:`~cupy_xarray.engine.gather`): ``"auto"`` on GPU reads, ``"on"`` on CPU reads
+        too, ``"off"`` never (``CUPY_XARRAY_GATHER``). A read that arrives while another runs
+        waits up to ``gather_wait`` seconds (default 2 ms) for others to join it; a read
+        alone never waits.
     arena_linger
         Seconds the device memory the decoder process decodes in (mapped once by it: 8 ms
         per GiB on an H200) is kept for the next read once no read uses it (default 2; 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 import numpy as np
@@ -49,7 +50,9 @@ def module_of(x) -> str:
 
 
 def run_in_threads(work, count: int) -> list[BaseException]:
-    """Run ``work(k)`` for k in range(count), each in its own thread; return what they raised."""
+    """Run ``work(k)`` for k in range(count), each in its own thread with the test's settings
+    (``set_options`` is per context: each thread starts from a copy of this one's); return
+    what they raised."""
     errors: list[BaseException] = []
 
     def guarded(k):
@@ -58,7 +61,9 @@ def run_in_threads(work, count: int) -> list[BaseException]:
         except Exception as exc:  # noqa: BLE001 - handed back to the test to assert on
             errors.append(exc)
 
-    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(count)]
+    threads = [
+        threading.Thread(target=contextvars.copy_context().run, args=(guarded, k)) for k in range(count)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -81,3 +86,18 @@ def options():
     yield change
     for c in reversed(changes):
         c.__exit__(None, None, None)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Why tests were skipped, counted by reason (most need a GPU; the rest say what they need)."""
+    from collections import Counter
+
+    reasons: Counter = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if reasons:
+        terminalreporter.write_sep("-", "skipped, by reason")
+        for reason, count in reasons.most_common():
+            terminalreporter.write_line(f"{count:6d}  {reason}")

@@ -326,10 +326,12 @@ def test_every_route_reads_the_same_gpu(tmp_path):
     _check_all_routes(tmp_path, "gpu", ["auto"], forced)
 
 
+@pytest.mark.parametrize("gather", ["off", "on"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
-def test_concurrent_mixed_reads(tmp_path, device):
+def test_concurrent_mixed_reads(tmp_path, device, gather, options):
     """16 threads, each reading random selections of stores of every codec with every decode
-    choice at once: every result equals zarr-python's."""
+    choice at once, gathered across threads or not: every result equals zarr-python's."""
+    options(gather=gather)
     dev = resolve_device(device)
     arrays = [_store(tmp_path, c, (16, 64, 64), (4, 32, 32)) for c in COMPRESSORS]
     specs = [array_spec(a, name=c) for a, c in zip(arrays, COMPRESSORS)]

@@ -786,6 +786,7 @@ def test_a_write_that_fails_midway_leaves_no_partial_chunk(tmp_path, monkeypatch
         np.testing.assert_array_equal(arr[sel], ds.v.values[sel])
 
 
+@pytest.mark.filterwarnings("ignore:The specified chunks separate:UserWarning")  # chunks across, on purpose
 def test_the_store_a_dataset_is_read_from_is_not_overwritten(tmp_path):
     ds = _dataset()
     ds.to_zarr(tmp_path / "s.zarr")

@@ -69,7 +69,7 @@ def test_read_zarr_gds_results_align_by_label(tmp_path, device):
     b = cupy_xarray.read_zarr_gds(tmp_path / "b.zarr", device=device)
     za, zb = (xr.open_dataset(tmp_path / f"{n}.zarr", engine="zarr") for n in "ab")
     assert dict((a.air - b.air).sizes) == dict((za.air - zb.air).sizes) == {"time": 0, "lat": 3}
-    merged = xr.merge([a.cupy.as_numpy(), b.cupy.as_numpy().rename(air="air2")])
+    merged = xr.merge([a.cupy.as_numpy(), b.cupy.as_numpy().rename(air="air2")], join="outer")
     assert merged.sizes["time"] == 8
     combined = xr.combine_by_coords([a.cupy.as_numpy(), b.cupy.as_numpy()])
     assert combined.sizes["time"] == 8

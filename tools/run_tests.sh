@@ -23,12 +23,14 @@ done
 [ $quick -eq 1 ] && pythons=("${pythons[0]}")
 status=0
 summary=()
+# pip's output less setuptools' banner about editable installs (the tests import the checkout)
+quiet() { awk '/BuildBackendWarning: Editable installation/{skip=1} skip&&/with strategy, WheelFile/{skip=0; next} !skip && !/^WARNING: Location/'; }
 for py in "${pythons[@]}"; do
   venv=$(mktemp -d /tmp/cupy-xarray-venv.XXXXXX)
   echo "== $("$py" --version), in a fresh virtual environment (removed afterwards)"
   "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-  "$venv/bin/python" -m pip install -q -e ".[test,notebooks]" 2>&1 | grep -v '^WARNING: Location' || true
+  "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | quiet || true
+  "$venv/bin/python" -m pip install -q -e ".[test,notebooks]" 2>&1 | quiet || true
   "$venv/bin/python" -c "import zarr, xarray; print('zarr', zarr.__version__, 'xarray', xarray.__version__)"
   "$venv/bin/python" -m ruff check cupy_xarray tests benchmarks || status=1
   set +e
@@ -51,7 +53,7 @@ for py in "${pythons[@]}"; do
       summary+=("conformance ($("$py" --version)): FAILED")
     fi
     # the docs, warnings as errors (offline: no intersphinx inventories without internet)
-    "$venv/bin/python" -m pip install -q -e ".[docs]" 2>&1 | grep -v '^WARNING: Location' || true
+    "$venv/bin/python" -m pip install -q -e ".[docs]" 2>&1 | quiet || true
     CUPY_XARRAY_DOCS_OFFLINE=1 "$venv/bin/python" -m sphinx -W --keep-going -q -b html docs docs/_build/html \
       && echo "docs built: docs/_build/html" || { echo "docs build failed"; status=1; }
   fi

@@ -54,6 +54,8 @@ class ReadReport:
         Another read ran beside this one (its timings are not its own).
     notes
         What the read had to change to succeed (device memory ran short: smaller batches).
+    gathered
+        How many reads of other threads this one read together (:mod:`.gather`; 1: alone).
     """
 
     arrays: list[str] = field(default_factory=list)
@@ -67,6 +69,7 @@ class ReadReport:
     staging_bytes: int = 0
     crowded: bool = False
     notes: list[str] = field(default_factory=list)
+    gathered: int = 1
 
     def __str__(self) -> str:
         gbs = self.nbytes / self.seconds / 1e9 if self.seconds else 0.0
@@ -81,6 +84,8 @@ class ReadReport:
             )
         elif self.batches:
             head += f", {self.batches} batch(es)"
+        if self.gathered > 1:
+            head += f", {self.gathered} reads gathered into one"
         lines = [head]
         lines += [f"  {d}" for d in self.decisions]
         lines += [f"  note: {n}" for n in self.notes]

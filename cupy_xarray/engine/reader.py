@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import traceback
 from typing import Any
 
@@ -26,11 +27,12 @@ from .buffers import on_thread_stream
 from .decoders import decode_choice
 from .execute import execute
 from .fallback import check_files, is_oom, zarr_read
+from .gather import SERVICE
 from .locate import locate
 from .notes import reporting
 from .place import prepare
 from .plan import normalize_selection, output_shape, plan_chunks
-from .read import RUNNING, Read, check_memory
+from .read import RUNNING, Read, _recorders, check_memory, record_reads
 from .schedule import Scheduler, fixed_route, isolable, stream_kind
 from .spec import ArraySpec
 from .waves import execute_waves, wave_bytes
@@ -194,15 +196,49 @@ def read_arrays(
     """
     options = get_options()
     normalized = [(spec, normalize_selection(sel, spec.shape)) for spec, sel in requests]
-    read = Read(
-        normalized,
-        device,
-        options,
-        decode_choice(decode),
-        batch_bytes if batch_bytes is not None else options.batch_bytes,
-        progress or options.progress,
-        scheduler or _DEFAULT_SCHEDULER,
-    )
+    choice = decode_choice(decode)
+    size = batch_bytes if batch_bytes is not None else options.batch_bytes
+    show = progress or options.progress
+    sched = scheduler or _DEFAULT_SCHEDULER
+    nbytes = _output_bytes(normalized)
+    if _gathers(device, nbytes, show, options):
+
+        def read(some: list) -> tuple[list, list]:
+            with record_reads() as reports:
+                outs = _read_now(some, device, options, choice, size, show, sched)
+            return outs, reports
+
+        key = (id(device), choice, size, id(sched), options)
+        return SERVICE.read(
+            normalized, nbytes, key, read, _recorders.get(), options.gather_wait, options.gather_bytes
+        )
+    return _read_now(normalized, device, options, choice, size, show, sched)
+
+
+def _output_bytes(requests: list) -> int:
+    return sum(math.prod(output_shape(sel, spec.shape)) * spec.dtype.itemsize for spec, sel in requests)
+
+
+def _gathers(device: Any, nbytes: int, progress: bool, options: Any) -> bool:
+    """Whether a read goes through the read service (:mod:`.gather`): a small read, without a
+    progress bar, on a GPU (or on any device with ``gather="on"``)."""
+    if options.gather == "off" or progress or not isinstance(device, Device):
+        return False
+    if options.gather == "auto" and device.name != "gpu":
+        return False
+    return nbytes <= options.gather_read_bytes
+
+
+def _read_now(
+    normalized: list,
+    device: Any,
+    options: Any,
+    decode: str,
+    batch_bytes: int | None,
+    progress: bool,
+    scheduler: Any,
+) -> list[Any]:
+    read = Read(normalized, device, options, decode, batch_bytes, progress, scheduler)
     try:
         return _read(read)
     except BaseException as exc:
@@ -210,7 +246,7 @@ def read_arrays(
         # their locals so a failed read gives its GPU memory back at once
         traceback.clear_frames(exc.__traceback__)
         if is_oom(exc) and not isinstance(exc, OutOfMemoryError):
-            names = ", ".join(repr(spec.name) for spec, _ in requests[:5])
+            names = ", ".join(repr(spec.name) for spec, _ in normalized[:5])
             raise OutOfMemoryError(
                 f"out of {getattr(device, 'name', 'device')} memory while reading {names} ({exc}); "
                 "open the store lazily with chunks={...} or select a subset before loading"
