@@ -8,6 +8,7 @@ variable's lazy array for a :class:`KvikioBackendArray` that reads through
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -27,7 +28,8 @@ from .engine import array_spec, read_arrays
 from .engine.decoders import decode_choice
 from .engine.plan import normalize_selection
 from .errors import StoreError, StoreNotFoundError
-from .options import Options, get_options, using
+from .options import Options, carried, get_options, using
+from .warmup import warm_engine
 
 
 @dataclass(frozen=True)
@@ -539,7 +541,8 @@ def read_settings(device: Any, threads: Any, batch_bytes: Any, decode: str | Non
     if isinstance(device, str):
         resolved = resolve_device(device, threads)  # no GPU, no cupy: say so now
         if resolved.name == "gpu":
-            start_gpu(resolved.xp, resolved.threads)
+            # (with the settings in effect here: decoder_process="off" starts no decoder process)
+            start_gpu(resolved.xp, carried(functools.partial(warm_engine, resolved.threads)))
     else:
         resolve_device(device, threads)  # None, 0, False ...: refused now, not at the first load
     return ReadSettings(device, threads, batch_bytes, decode)

@@ -54,13 +54,13 @@ _started: set[int] = set()
 _started_lock = threading.Lock()
 
 
-def start_gpu(cupy: Any, threads: int | None = None) -> None:
-    """Start, on a background thread and once per device, what a first GPU read would
-    otherwise wait for: the CUDA context, then the engine's CPU threads, nvCOMP's library,
-    the decoder process and kvikio (:func:`~cupy_xarray.warmup.warm_engine`).
+def start_gpu(cupy: Any, then: Any = None) -> None:
+    """Create the current GPU's CUDA context on a background thread, once per device, then
+    run ``then()`` there (the opening of a store warms the engine so:
+    :func:`~cupy_xarray.warmup.warm_engine`).
 
-    Opening a store (called from there) takes a while itself (xarray decodes its
-    coordinates), so the first read finds much of it ready.
+    Opening a store takes a while itself (xarray decodes its coordinates), so the first read
+    finds much of it ready.
     """
     try:
         index = cupy.cuda.runtime.getDevice()
@@ -75,9 +75,8 @@ def start_gpu(cupy: Any, threads: int | None = None) -> None:
         try:
             cupy.cuda.runtime.setDevice(index)
             cupy.cuda.runtime.free(0)  # the first runtime call that needs a context makes it
-            from .warmup import warm_engine
-
-            warm_engine(threads or default_threads())
+            if then is not None:
+                then()
         except Exception:  # noqa: BLE001 - the read itself reports what is wrong
             pass
 

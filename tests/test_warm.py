@@ -1,0 +1,45 @@
+"""The warm start: opening a store for the GPU starts, on a background thread, what the first
+read would otherwise wait for."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from cupy_xarray.device import start_gpu
+from cupy_xarray.engine import host
+
+
+def _fake_cupy(index: int, calls: list):
+    runtime = SimpleNamespace(
+        getDevice=lambda: index,
+        setDevice=lambda i: calls.append(("setDevice", i)),
+        free=lambda p: calls.append(("free", p)),
+    )
+    return SimpleNamespace(cuda=SimpleNamespace(runtime=runtime))
+
+
+def test_the_context_then_the_engine_start_in_the_background_once_per_device():
+    calls: list = []
+    done = threading.Event()
+
+    def then():
+        calls.append(("then", threading.current_thread().name))
+        done.set()
+
+    cupy = _fake_cupy(9901, calls)
+    start_gpu(cupy, then)
+    assert done.wait(10)
+    assert calls[:2] == [("setDevice", 9901), ("free", 0)]  # the context first
+    assert calls[2] == ("then", "cupy-xarray-cuda-start")  # then the engine, off the caller's thread
+    start_gpu(cupy, then)  # once per device
+    assert sum(c[0] == "then" for c in calls) == 1
+
+
+def test_warm_engine_starts_the_pool_and_leaves_no_setting_changed(options):
+    from cupy_xarray.options import get_options
+    from cupy_xarray.warmup import warm_engine
+
+    before = get_options()
+    warm_engine(3)  # on a machine without nvCOMP or kvikio: the pool alone, no error
+    assert 3 in host._pools and get_options() == before
