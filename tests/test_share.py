@@ -170,3 +170,51 @@ def test_the_dataset_read_under_a_shared_route_is_identical(tmp_path, monkeypatc
     xr.testing.assert_identical(got, want)
     assert _same_encoding(got.t.encoding, want.t.encoding), (got.t.encoding, want.t.encoding)
     assert any(d.shared and d.gpu and d.host for r in reports for d in r.decisions)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_missing_chunks_in_a_shared_read_are_the_fill_value(tmp_path, device):
+    """The output is filled first, then both ends write their chunks: none is overwritten by
+    the fill, and the missing ones read as zarr-python reads them."""
+    a = _store(tmp_path)
+    for key in ("c/0/0/0", "c/10/1/0", "c/31/1/1"):
+        (tmp_path / "s.zarr" / key).unlink()
+    spec = array_spec(a)
+    want = zarr.open_array(str(tmp_path / "s.zarr"), mode="r")[...]
+    sched = Scheduler(force="share")
+    (got,) = read_arrays([(spec, (slice(None),) * 3)], resolve_device(device), scheduler=sched)
+    np.testing.assert_array_equal(host(got), want)
+
+
+def test_the_progress_bar_counts_what_both_ends_read(tmp_path, monkeypatch):
+    import tqdm.auto
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total=0, **kwargs):
+            self.total, self.n = total, 0
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+
+        def refresh(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    a = _store(tmp_path)
+    spec = array_spec(a)
+    with record_reads() as reports:
+        read_arrays(
+            [(spec, (slice(None),) * 3)],
+            resolve_device("cpu"),
+            progress=True,
+            scheduler=Scheduler(force="share"),
+        )
+    (d,) = reports[-1].decisions
+    (bar,) = bars
+    assert d.gpu and d.host and bar.n == bar.total > 0

@@ -240,6 +240,8 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                 clock.lap("host route")
                 clock.stats.update(jobs.stats or {})
                 read.advance(on_host)
+                if queue is not None:
+                    read.advance(queue.taken_back)
             except BaseException:
                 # let reads in flight land before their buffers are released
                 if queue is not None:

@@ -217,6 +217,8 @@ def take_from(queue: Any, outs: list[Any], device: Any, options: Options, jobs: 
     """Start every thread of the pool on a shared queue's back end (:mod:`.share`): each
     takes a job of about ``job_bytes`` (a chunk at least), reads, decodes and places it, and
     takes the next, until the queue is empty; the first error closes the queue."""
+    if device.name == "gpu":
+        device.synchronize()  # the outputs' fill values are written before other streams write
     run = carried(_take)
     p = pool(device.threads)
     per = options.job_bytes

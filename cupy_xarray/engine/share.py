@@ -47,6 +47,7 @@ class WorkQueue:
         #: tasks taken by each end, per recipe (``id(recipe)``)
         self.front: Counter = Counter()
         self.back: Counter = Counter()
+        self.taken_back: list[ChunkTask] = []  # what the CPU threads took (the progress bar)
         self.batches = 0
 
     def __len__(self) -> int:
@@ -86,6 +87,7 @@ class WorkQueue:
                 held += _work(t)
                 self.left -= _work(t)
                 self.back[id(t.spec.recipe)] += 1
+            self.taken_back += got
             return got
 
     def close(self) -> None:
