@@ -270,7 +270,16 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
     def __init__(self, **changes: Any) -> None:
         unknown = sorted(set(changes) - set(_TYPES))
         if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))}; known: {', '.join(_TYPES)}")
+            import difflib
+
+            hints = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, list(_TYPES), n=1)
+                hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+            raise ValueError(
+                f"unknown option(s) {', '.join(hints)}; the options are the fields of cupy_xarray.Options "
+                "(see help(cupy_xarray.set_options))"
+            )
         values = {k: _convert(k, v, "set_options") for k, v in changes.items()}
         self.options = _check(dataclasses.replace(get_options(), **values), "set_options")
         self._token = _current.set(self.options)

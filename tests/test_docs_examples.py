@@ -143,3 +143,13 @@ def test_no_page_names_a_commit_or_a_benchmark_command():
         text = (ROOT / page).read_text()
         assert not re.search(r"\bcommit [0-9a-f]{7,}\b|\b[0-9a-f]{7}\b\)", text), page
         assert "benchmarks/" not in text and "python benchmarks" not in text, page
+
+
+def test_a_mistyped_setting_names_the_one_meant():
+    import cupy_xarray
+
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'decod' \(did you mean 'decode'\?\)") as info:
+        cupy_xarray.set_options(decod="cpu")
+    assert "remote_backoff_max" not in str(info.value)  # not every field of Options
+    with pytest.raises(ValueError, match=r"'zzz'; the options are the fields"):
+        cupy_xarray.set_options(zzz=1)
