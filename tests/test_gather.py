@@ -170,7 +170,7 @@ def test_concurrent_small_reads_are_gathered_and_each_gets_its_own(tmp_path, mon
     def slow_first(*args, **kwargs):  # the read alone runs long enough for the others to arrive
         if not first.is_set():
             first.set()
-            time.sleep(0.3)
+            time.sleep(1.0)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(reader, "_read_now", slow_first)
@@ -212,7 +212,7 @@ def test_a_damaged_chunk_fails_only_the_reads_that_need_it(tmp_path, monkeypatch
     def slow_first(*args, **kwargs):
         if not first.is_set():
             first.set()
-            time.sleep(0.3)
+            time.sleep(1.0)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(reader, "_read_now", slow_first)

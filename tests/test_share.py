@@ -101,16 +101,19 @@ def test_a_shared_read_is_zarrs_and_both_ends_took_work(tmp_path, device):
     a = _store(tmp_path)
     spec = array_spec(a)
     n = int(np.prod(a.cdata_shape))
-    with record_reads() as reports:
-        (got,) = read_arrays(
-            [(spec, (slice(None),) * 3)], resolve_device(device), scheduler=Scheduler(force="share")
-        )
-    np.testing.assert_array_equal(host(got), a[...])
-    (d,) = reports[-1].decisions
-    assert d.shared and d.gpu + d.host == n and d.gpu > 0 and d.host > 0, d
-    assert reports[-1].batches >= 1 and f"{d.gpu} chunks to nvCOMP, {d.host} to CPU threads" in str(
-        reports[-1]
-    )
+    both = []
+    for _ in range(5):  # which end takes how much depends on the machine: both, in one read at least
+        with record_reads() as reports:
+            (got,) = read_arrays(
+                [(spec, (slice(None),) * 3)], resolve_device(device), scheduler=Scheduler(force="share")
+            )
+        np.testing.assert_array_equal(host(got), a[...])
+        (d,) = reports[-1].decisions
+        assert d.shared and d.gpu + d.host == n and d.gpu > 0, d  # the batches draw first
+        assert reports[-1].batches >= 1
+        assert f"{d.gpu} chunks to nvCOMP, {d.host} to CPU threads" in str(reports[-1])
+        both.append(d.host > 0)
+    assert any(both), "the CPU threads took nothing in five reads"
 
 
 @pytest.mark.parametrize("where", ["first", "last"])
@@ -169,7 +172,8 @@ def test_the_dataset_read_under_a_shared_route_is_identical(tmp_path, monkeypatc
     want = xr.open_dataset(tmp_path / "d.zarr", engine="zarr").load()
     xr.testing.assert_identical(got, want)
     assert _same_encoding(got.t.encoding, want.t.encoding), (got.t.encoding, want.t.encoding)
-    assert any(d.shared and d.gpu and d.host for r in reports for d in r.decisions)
+    shared = [d for r in reports for d in r.decisions if d.shared]
+    assert shared and all(d.gpu for d in shared)  # through the queue (its batch end draws first)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
@@ -208,13 +212,18 @@ def test_the_progress_bar_counts_what_both_ends_read(tmp_path, monkeypatch):
     monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
     a = _store(tmp_path)
     spec = array_spec(a)
-    with record_reads() as reports:
-        read_arrays(
-            [(spec, (slice(None),) * 3)],
-            resolve_device("cpu"),
-            progress=True,
-            scheduler=Scheduler(force="share"),
-        )
-    (d,) = reports[-1].decisions
-    (bar,) = bars
-    assert d.gpu and d.host and bar.n == bar.total > 0
+    for _ in range(5):
+        bars.clear()
+        with record_reads() as reports:
+            read_arrays(
+                [(spec, (slice(None),) * 3)],
+                resolve_device("cpu"),
+                progress=True,
+                scheduler=Scheduler(force="share"),
+            )
+        (d,) = reports[-1].decisions
+        (bar,) = bars
+        assert d.gpu and bar.n == bar.total > 0, (d, bar.n, bar.total)
+        if d.host:  # the bar counted what the CPU threads took too
+            return
+    pytest.fail("the CPU threads took nothing in five reads")
