@@ -82,6 +82,8 @@ class Options:
     inline_bytes: int = 4 * 2**20
     inline_read_bytes: int = 256 * 2**10
     job_bytes: int = 4 * 2**20
+    share_start: str = "decode"
+    share_margin: float = 0.1
     kept_buffer_bytes: int = 64 * 2**20
     small_read_bytes: int = 64 * 2**20
     gather_read_bytes: int = 256 * 2**20
@@ -120,6 +122,8 @@ ENVIRONMENT = {
     "CUPY_XARRAY_REMOTE_CONCURRENCY": "remote_concurrency",
     "CUPY_XARRAY_THREADED_HTTP": "threaded_http",
     "CUPY_XARRAY_HTTP_THREADS": "http_threads",
+    "CUPY_XARRAY_SHARE_START": "share_start",
+    "CUPY_XARRAY_SHARE_MARGIN": "share_margin",
 }
 
 _TYPES = {f.name: f.type for f in fields(Options)}
@@ -169,6 +173,8 @@ def _check(options: Options, source: str) -> Options:
         raise ValueError(
             f"decoder_process must be 'auto', 'on' or 'off', got {options.decoder_process!r} ({source})"
         )
+    if options.share_start not in ("decode", "now"):
+        raise ValueError(f"share_start must be 'decode' or 'now', got {options.share_start!r} ({source})")
     if options.decode not in DECODE_CHOICES:
         raise ValueError(f"decode must be 'auto', 'gpu' or 'cpu', got {options.decode!r} ({source})")
     for name in ("threads", "decode_threads", "batch_bytes"):

@@ -26,32 +26,38 @@ from cupy_xarray.errors import ChunkError
 def _tasks(sizes):
     out = []
     for i, n in enumerate(sizes):
-        spec = SimpleNamespace(recipe=SimpleNamespace(nbytes=int(n)))
+        spec = SimpleNamespace(recipe=SimpleNamespace(nbytes=int(n), key=0))
         out.append(SimpleNamespace(spec=spec, index=i))
     return out
 
 
-def test_the_batches_take_from_the_front_and_threads_from_the_back():
-    q = WorkQueue(_tasks([100] * 10), seed_bytes=0)
-    first = q.take_front(10_000)
-    assert [t.index for t in first] == [0, 1, 2, 3, 4]  # half of what is left
+def test_the_batches_take_their_share_from_the_front_and_threads_from_the_back():
+    q = WorkQueue(_tasks([100] * 10), front_bytes=500)
+    assert [t.index for t in q.take_front(300)] == [0, 1, 2]  # the budget caps a batch
+    assert [t.index for t in q.take_front(10_000)] == [3, 4]  # the rest of the planned share
+    assert q.take_front(10_000) == []  # the CPU threads have not shown their pace yet
     assert [t.index for t in q.take_back(250)] == [9, 8]  # a job: up to 250 bytes of work
-    assert [t.index for t in q.take_back(1)] == [7]  # one task at least
-    assert [t.index for t in q.take_front(100)] == [5]  # the budget caps a batch
-    assert q.left == 100 and len(q) == 1
-    assert [t.index for t in q.take_front(10_000)] == [6]  # one at least
-    assert q.take_back(1) == [] and q.take_front(1) == [] and q.left == 0
+    assert [t.index for t in q.take_back(1, done=200)] == [7]  # one task at least
+    assert q.back_done == 200 and q.back_rate() > 0
+    # fixed_s 0: any work left is worth another batch once the CPU threads have started
+    assert [t.index for t in q.take_front(10_000)] == [5, 6]
+    assert q.take_back(1) == [] and q.take_front(1) == [] and q.left == 0 and q.back_ended
 
 
-def test_the_batches_stop_below_the_seed_and_a_closed_queue_gives_nothing():
-    q = WorkQueue(_tasks([100] * 10), seed_bytes=300)
-    assert len(q.take_front(10_000)) == 5  # half of 1000
-    assert len(q.take_front(10_000)) == 3  # at least the seed
-    assert q.take_front(10_000) == [] and q.left == 200  # less than the seed: CPU threads' work
-    assert len(q.take_back(100)) == 1
+def test_the_batches_take_more_only_where_the_cpu_threads_lag():
+    """After the planned share, a batch takes the rest only where the CPU threads, at the
+    pace they showed in this read, need longer than one nvCOMP call for it."""
+    q = WorkQueue(_tasks([100] * 10), front_bytes=200, fixed_s=3600.0)
+    assert len(q.take_front(10_000)) == 2
+    q.take_back(100)
+    q.take_back(100, done=100)
+    assert q.take_front(10_000) == []  # at their pace, an hour's call would not pay
+    q.fixed_s = 1e-9
+    assert len(q.take_front(10_000)) == 6 and q.left == 0
+    q = WorkQueue(_tasks([100] * 4))  # no plan: half
+    assert len(q.take_front(10_000)) == 2
     q.close()
     assert q.take_back(100) == [] and q.take_front(100) == []
-    assert WorkQueue(_tasks([100] * 2), seed_bytes=300).take_front(10_000) == []
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -60,22 +66,28 @@ def test_every_task_is_taken_once_by_ends_racing(seed):
     once, the batches' tasks come in stored order, and the counts add up."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 5000, size=2000)
-    q = WorkQueue(_tasks(sizes), seed_bytes=int(rng.integers(0, 20000)), max_ops=64)
+    q = WorkQueue(_tasks(sizes), front_bytes=int(rng.integers(0, 2_000_000)), max_ops=64)
     taken: list[list] = []
     lock = threading.Lock()
 
     def back(_):
-        while got := q.take_back(int(rng.integers(1, 8000))):
+        done = 0
+        while got := q.take_back(int(rng.integers(1, 8000)), done):
             with lock:
                 taken.append([t.index for t in got])
+            done = sum(t.spec.recipe.nbytes for t in got)
 
     front = []
     threads = [threading.Thread(target=back, args=(k,)) for k in range(8)]
     for th in threads:
         th.start()
-    while got := q.take_front(int(rng.integers(1, 200_000))):
-        assert len(got) <= 64
-        front.extend(t.index for t in got)
+    for th in threads:
+        while th.is_alive() or len(q):
+            got = q.take_front(int(rng.integers(1, 200_000)))
+            assert len(got) <= 64
+            front.extend(t.index for t in got)
+            if not got and not th.is_alive():
+                break
     for th in threads:
         th.join()
     everything = sorted(front + [i for job in taken for i in job])

@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 
 from . import batches as cut
-from . import host
+from . import host, observed
 from .buffers import side_stream
-from .decoders import decode_group, prepare_group, prepares, while_decoding
+from .decoders import decode_group, prepare_group, prepares, stream_kind, while_decoding
 from .io import ReadOp
 from .place import bytes_of, copy_twins, host_twins, place_group, plan_boxes
 from .read import Read
+from .schedule import device_key, pace_key
 from .share import WorkQueue
 from .tasks import ChunkTask, Group
 
@@ -57,7 +58,7 @@ def _groups(batch: list[ChunkTask], plan: Any) -> list[Group]:
     groups: dict[int, list[ChunkTask]] = {}
     for t in batch:
         if t.direct is None:
-            groups.setdefault(id(t.spec.recipe), []).append(t)
+            groups.setdefault(t.spec.recipe.key, []).append(t)
     return [
         Group(tasks, plan.on_gpu.get(k, False), plan.isolated.get(k, False)) for k, tasks in groups.items()
     ]
@@ -106,11 +107,46 @@ def _finish(groups: list[Group], read: Read, geometry: dict) -> None:
         t0, ahead = time.perf_counter(), clock.ahead
         if group.recipe.bytes_codecs:
             decode_group(group, read.device, clock)
-            # the group's own decode time: the scheduler learns rates from it
-            clock.groups[id(group.recipe)] += time.perf_counter() - t0 - (clock.ahead - ahead)
+            spent = time.perf_counter() - t0 - (clock.ahead - ahead)
+            clock.groups[group.recipe.key] += spent
+            if group.on_gpu:
+                read.scheduler.saw_gpu(group.tasks, read.device, spent)
         place_group(group, read.outs, read.device, geometry)
         clock.lap("scatter")
         group.release()
+
+
+def _kind(tasks: list[ChunkTask]) -> str | None:
+    """The one codec chain of compressed tasks, as paces are kept (None: none, or several)."""
+    chains = {t.spec.recipe.bytes_codecs for t in tasks}
+    if len(chains) != 1 or stream_kind(next(iter(chains))) is None:
+        return None
+    return pace_key(chains.pop())
+
+
+def _saw_io(batch: list[ChunkTask], read: Read, seconds: float) -> None:
+    """The first batch's reads (nothing else ran on the I/O threads yet): their pace."""
+    kind = _kind(batch)
+    if read.device.name == "gpu" and kind is not None and not read.clock.crowded:
+        observed.saw_io(device_key(read.device), kind, sum(t.nbytes for t in batch), seconds)
+
+
+def _saw_pool(on_host: list[ChunkTask], queue: WorkQueue | None, read: Read, seconds: float) -> None:
+    """The CPU threads' pace where they all had work: a shared queue's back end, or a host
+    route of many chunks of one stream kind."""
+    device = read.device
+    if device.name != "gpu" or read.clock.crowded:
+        return
+    if queue is not None and queue.taken_back and queue.back_started:
+        kind = _kind(queue.taken_back)
+        if kind is not None and len(queue.taken_back) >= 2 * device.threads:
+            observed.saw_pool(
+                device_key(device), kind, queue.back_done, queue.back_ended - queue.back_started
+            )
+    elif on_host and len(on_host) >= 2 * device.threads:
+        kind = _kind(on_host)
+        if kind is not None and all(t.spec.recipe.bytes_codecs for t in on_host):
+            observed.saw_pool(device_key(device), kind, sum(t.spec.recipe.nbytes for t in on_host), seconds)
 
 
 def _free_for_batches(read: Read, tasks: list[ChunkTask]) -> int | None:
@@ -139,7 +175,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
     plan = read.scheduler.plan(tasks, device, read.decode, limit)
     read.report.decisions.extend(plan.decisions)
     batched, on_host = plan.batched, plan.on_host
-    queue = WorkQueue(plan.shared, plan.seed_bytes, cut.max_ops()) if plan.shared else None
+    queue = WorkQueue(plan.shared, plan.front_bytes, plan.fixed_s, cut.max_ops()) if plan.shared else None
     plan_boxes(batched, outs)
     depth = cut.depth(batched + plan.shared, clock.crowded, options)
     per_batch = limit * 2 // depth
@@ -174,7 +210,10 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
             grouped[k] = _groups(batches[k], plan)
         return grouped[k]
 
+    submitted: dict[int, float] = {}
+
     def submit(k: int):
+        submitted[k] = time.perf_counter()
         if isinstance(batches[k], cut.Segment):
             located = batches[k].locate(outs, device)
             tasks.extend(located)  # released with the others
@@ -197,12 +236,16 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                 for k in range(depth - 1):
                     if k < len(batches) or (k == len(batches) and draw()):
                         pending.append(submit(k))
-                if queue is not None:  # (after the first batch is drawn: the GPU's share starts first)
+                cpu_waits = queue is not None and bool(batches) and options.share_start == "decode"
+                if queue is not None and not cpu_waits:  # (after the first batch is drawn)
                     host.take_from(queue, outs, device, options, jobs)
+                host_t0 = time.perf_counter()
                 ahead: dict = {}  # the next batch's checks, started while this one decodes
                 geometry: dict = {}  # per output: its pieces' box copies (Boxes)
                 b = 0
-                while b < len(batches):
+                while b < len(batches) or (queue is not None and draw()):
+                    if b == len(batches) - 1 and not pending:  # drawn late: the CPU threads lag
+                        pending.append(submit(b))
                     nxt_k = b + depth - 1
                     if nxt_k < len(batches) or (nxt_k == len(batches) and draw()):
                         pending.append(submit(nxt_k))
@@ -210,6 +253,11 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                     waiter = pending.pop(0)
                     waiter.wait()
                     clock.lap("io wait")
+                    if b == 0:
+                        _saw_io(batches[0], read, time.perf_counter() - submitted[0])
+                    if cpu_waits:  # the batch's reads have landed: the CPU threads start now
+                        cpu_waits = False
+                        host.take_from(queue, outs, device, options, jobs)
                     groups = groups_of(b)
                     if not ahead.pop("started", False):
                         _start_ahead(groups, device)
@@ -234,7 +282,10 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                     read.advance(batches[b])
                     batches[b] = ()  # its tasks are placed: the list need not hold them
                     b += 1
+                if cpu_waits:  # (no batch was read after all)
+                    host.take_from(queue, outs, device, options, jobs)
                 jobs.wait()
+                _saw_pool(on_host, queue, read, time.perf_counter() - host_t0)
                 if twins is not None:
                     copy_twins(twins, outs, device)
                 clock.lap("host route")

@@ -73,7 +73,7 @@ def _timed_job(task: ChunkTask, out: Any, device: Any, jobs: Jobs) -> None:
     try:
         _job(task, out, device, jobs.stats)
     finally:
-        jobs._spent.append((id(task.spec.recipe), time.perf_counter() - t0))  # (append: thread-safe)
+        jobs._spent.append((task.spec.recipe.key, time.perf_counter() - t0))  # (append: thread-safe)
 
 
 def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
@@ -141,13 +141,13 @@ class Jobs:
         self._futures: list = []
         #: thread-seconds per phase (with ``CUPY_XARRAY_PROFILE=1``), else None
         self.stats = stats
-        self._spent: list[tuple[int, float]] = []  # (id(recipe), seconds) per job
+        self._spent: list[tuple[int, float]] = []  # (recipe.key, seconds) per job
         self.started = time.perf_counter()
         #: seconds from the start of the jobs to the end of the last (set by :meth:`wait`)
         self.wall = 0.0
 
     def spent(self) -> dict[int, float]:
-        """Thread-seconds per recipe (``id(recipe)``), once the jobs have ended."""
+        """Thread-seconds per recipe (``recipe.key``), once the jobs have ended."""
         out: dict[int, float] = defaultdict(float)
         for key, seconds in self._spent:
             out[key] += seconds
@@ -227,9 +227,11 @@ def take_from(queue: Any, outs: list[Any], device: Any, options: Options, jobs: 
 
 def _take(queue: Any, outs: list[Any], device: Any, jobs: Jobs, job_bytes: int) -> None:
     try:
-        while group := queue.take_back(job_bytes):
+        done = 0
+        while group := queue.take_back(job_bytes, done):
             for t in group:
                 _timed_job(t, outs[t.out], device, jobs)
+            done = sum(t.spec.recipe.nbytes for t in group)
     except BaseException:
         queue.close()  # the batches take no more: the read ends with this error
         raise
@@ -240,7 +242,7 @@ def _place_fetched(tasks: list[ChunkTask], outs: list[Any], device: Any, jobs: J
     try:
         place_fetched(tasks, outs, device, fetched_bytes)
     finally:
-        jobs._spent.append((id(tasks[0].spec.recipe), time.perf_counter() - t0))
+        jobs._spent.append((tasks[0].spec.recipe.key, time.perf_counter() - t0))
 
 
 def groups(tasks: list[ChunkTask], threads: int, options: Options) -> list[list[ChunkTask]]:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..options import get_options
+from . import observed
 from .decoders import Rates, compressor, decodes_on_gpu, proven, stream, stream_bytes, stream_kind
 from .decoders.registry import STREAMS
 
@@ -52,7 +53,7 @@ DEFAULT_RATES: dict[str, Rates] = {kind: decoder.rates for kind, decoder in STRE
 class RoutePlan:
     """A read's tasks split by route: ``batched`` (staged, decoded in batched calls),
     ``on_host`` (CPU threads, a chunk per job), ``shared`` (either, as they come free), with
-    per recipe (``id(recipe)``) whether
+    per recipe (``recipe.key``) whether
     nvCOMP decodes a batched group (``on_gpu``), and the decisions with their reasons."""
 
     batched: list
@@ -61,7 +62,8 @@ class RoutePlan:
     decisions: list
     isolated: dict  # per recipe: decoded in the decoder process
     shared: list = field(default_factory=list)  # taken by either processor (:mod:`.share`)
-    seed_bytes: int = 0  # the batches stop taking from the shared queue below this
+    front_bytes: int | None = None  # decoded bytes of ``shared`` the batches take first (None: half)
+    fixed_s: float = 0.0  # the least seconds of one nvCOMP call of the shared chunks
 
 
 @dataclass
@@ -76,10 +78,16 @@ class Decision:
     kind: str = ""
     key: int = 0  # the recipe's id
     shared: bool = False  # both processors took from one queue: ``gpu``/``host`` say what each took
+    front_bytes: int = 0  # shared: decoded bytes the batches were planned to take
+    fixed_s: float = 0.0  # shared: the seconds an nvCOMP call of these chunks costs at the least
 
     def __str__(self) -> str:
         where = f"{self.gpu} chunks to nvCOMP, {self.host} to CPU threads"
         return f"{self.array}: {self.codec}: {where} ({self.why})"
+
+
+def _work(t: Any) -> int:
+    return t.spec.recipe.nbytes
 
 
 class Scheduler:
@@ -108,25 +116,29 @@ class Scheduler:
             if t.direct is not None:
                 direct.append(t)
             else:
-                groups.setdefault(id(t.spec.recipe), []).append(t)
+                groups.setdefault(t.spec.recipe.key, []).append(t)
         if direct:
             for t, r in zip(direct, self.direct_routes(direct, device)):
                 (on_host if r == "host" else batched).append(t)
-        decisions, on_gpu, isolated, seed = [], {}, {}, 0
+        decisions, on_gpu, isolated = [], {}, {}
+        front, fixed = 0, 0.0
         by_route = {"host": on_host, "batch": batched, "share": shared}
         for key, group in groups.items():
             routes, decision = self.routes(group, device, decode, limit)
             for t, r in zip(group, routes):
                 by_route[r].append(t)
-            if routes and routes[0] == "share" and self.force is None:
-                seed = max(seed, self.seed(group, device))
+            if routes and routes[0] == "share" and decision is not None:
+                front += decision.front_bytes if self.force is None else sum(_work(t) for t in group) // 2
+                fixed = max(fixed, decision.fixed_s)
             codecs = group[0].spec.recipe.bytes_codecs
             on_gpu[key] = nvcomp_decodes(codecs, device, decode)
             isolated[key] = in_decoder_process(codecs, device, decode)
             if decision is not None:
                 decisions.append(decision)
                 log.debug("decode: %s", decision)
-        return RoutePlan(batched, on_host, on_gpu, decisions, isolated, shared, seed)
+        return RoutePlan(
+            batched, on_host, on_gpu, decisions, isolated, shared, front if shared else None, fixed
+        )
 
     def streams(self, spec: Any, pieces: list, device: Any) -> bool:
         """Whether a request's pieces are located and planned batch by batch, as their
@@ -148,11 +160,22 @@ class Scheduler:
             return self._rates.get(kind, DEFAULT_RATES.get(kind, DEFAULT_RATES["zstd"]))
         return known_rates(kind, device)
 
-    def seed(self, tasks: list[Any], device: Any) -> int:
-        """:func:`seed_bytes` for a group of chunks of one recipe."""
+    def gpu_figure(self, recipe: Any, total: int, device: Any) -> float:
+        """Seconds one nvCOMP call of ``total`` decoded bytes of ``recipe``'s chunks takes by
+        the stream kind's figures: its fixed cost and its longest stream on one group of GPU
+        threads, or, where its streams fill the GPU, its bytes at the rate of many streams."""
+        r = self.rates_for(stream_kind(recipe.bytes_codecs), device)
+        longest = min(recipe.nbytes, stream_bytes(recipe.bytes_codecs) or recipe.nbytes)
+        return max(r.gpu_call + longest / r.gpu_stream, total / r.gpu)
+
+    def saw_gpu(self, tasks: list[Any], device: Any, seconds: float) -> None:
+        """A batch's nvCOMP call on ``tasks`` took ``seconds`` (:mod:`.observed`)."""
         recipe = tasks[0].spec.recipe
         kind = stream_kind(recipe.bytes_codecs)
-        return seed_bytes(self.rates_for(kind, device), recipe, device.threads)
+        if kind is None or getattr(device, "name", None) != "gpu":
+            return
+        figure = self.gpu_figure(recipe, sum(t.spec.recipe.nbytes for t in tasks), device)
+        observed.saw_gpu(device_key(device), pace_key(recipe.bytes_codecs), seconds, figure)
 
     def direct_routes(self, tasks: list[Any], device: Any) -> list[str]:
         """Routes for pieces read straight into the output (their bytes are one run of it):
@@ -178,7 +201,7 @@ class Scheduler:
             return [self.force] * len(tasks), None
         if self.force == "share":
             codec, kind = compressor(codecs) or "stored", stream_kind(codecs) or ""
-            decision = Decision(name, codec, 0, 0, "forced", kind, id(recipe), shared=True)
+            decision = Decision(name, codec, 0, 0, "forced", kind, recipe.key, shared=True)
             return ["share"] * len(tasks), decision
         if device.name != "gpu":
             return ["host"] * len(tasks), None
@@ -193,21 +216,91 @@ class Scheduler:
         codec = compressor(codecs) or "crc32c"
         if kind is None:  # crc32c alone
             return ["batch"] * len(tasks), None
-        key = id(recipe)
+        key = recipe.key
         route, why = fixed_route(codecs, decode)
         if route is not None:
             n = len(tasks) if route == "batch" else 0
             return [route] * len(tasks), Decision(name, codec, n, len(tasks) - n, why, kind, key)
-        seed = self.seed(tasks, device)
+        split = self.split(tasks, device, kind)
+        name = split.names
+        if split.route == "host":
+            return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), split.why, kind, key)
+        if split.route == "batch":
+            return ["batch"] * len(tasks), Decision(name, codec, len(tasks), 0, split.why, kind, key)
+        decision = Decision(name, codec, 0, 0, split.why, kind, key, shared=True)
+        decision.front_bytes, decision.fixed_s = split.front_bytes, split.fixed_s
+        return ["share"] * len(tasks), decision
+
+    def split(self, tasks: list[Any], device: Any, kind: str) -> Split:
+        """Who decodes a group either processor may decode: the GPU alone (its reads, then
+        nvCOMP), the CPU threads alone, or both (the batches take ``front_bytes`` from the
+        front, the CPU threads the rest from the back once the batch's reads have landed),
+        whichever the pace seen so far (:mod:`.observed`) says ends first. A split must end
+        sooner than the faster processor alone by ``share_margin``: coordinating two ends
+        costs what no figure shows."""
+        recipe = tasks[0].spec.recipe
+        r = self.rates_for(kind, device)
+        seen = observed.pace(device_key(device), pace_key(recipe.bytes_codecs))
         total = sum(t.spec.recipe.nbytes for t in tasks)
-        if total < seed:
-            why = (
-                f"{total / 2**20:.1f} MiB: less than CPU threads decode in one nvCOMP call's time "
-                f"({seed / 2**20:.0f} MiB)"
-            )
-            return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), why, kind, key)
-        why = "shared: nvCOMP from the front of one queue, CPU threads from its back"
-        return ["share"] * len(tasks), Decision(name, codec, 0, 0, why, kind, key, shared=True)
+        stored = sum(t.nbytes for t in tasks) or total
+        threads = max(1, device.threads)
+        pool = seen.pool or (r.host_pool * min(threads, 16) / 16 if r.host_pool else threads * r.host_thread)
+        io = seen.io or IO_BYTES_S
+        fixed = seen.gpu_k * self.gpu_figure(recipe, 0, device)
+        per = seen.gpu_k / r.gpu  # seconds per decoded byte of a call that fills the GPU
+
+        def gpu(nbytes: float) -> float:  # one call: its fixed cost, or its bytes where they fill the GPU
+            return max(fixed, nbytes * per)
+
+        t_cpu = total / pool
+        t_gpu = stored / io + gpu(total)
+        # the CPU threads' share x ends with the GPU's call, x / pool = gpu(total - x): within
+        # the fixed cost, x = pool * fixed; past it, x / pool = (total - x) * per
+        x = min(total, pool * fixed)
+        if (total - x) * per > fixed:
+            x = total * per / (1 / pool + per)
+        size = recipe.nbytes
+        x = int(x // size) * size
+        front = total - x
+        t_split = stored * front / total / io + gpu(front)
+        names = ", ".join(dict.fromkeys(t.spec.name for t in tasks))
+        figures = f"reads + nvCOMP call {t_gpu * 1e3:.0f} ms, CPU threads {t_cpu * 1e3:.0f} ms"
+        best = min(t_cpu, t_gpu)
+        if 0 < x < total and t_split < best * (1 - get_options().share_margin):
+            why = f"shared: {figures}, both {t_split * 1e3:.0f} ms"
+            return Split("share", why, names, front, fixed)
+        if t_cpu <= t_gpu:
+            return Split("host", f"CPU threads alone: {figures}", names)
+        return Split("batch", f"nvCOMP alone: {figures}", names)
+
+
+@dataclass
+class Split:
+    """:meth:`Scheduler.split`'s answer."""
+
+    route: str
+    why: str
+    names: str
+    front_bytes: int = 0
+    fixed_s: float = 0.0
+
+
+#: stored bytes per second of a batch's reads before a read has shown its own (kvikio, 16
+#: threads, page cache, on the H100 and H200 hosts)
+IO_BYTES_S = 25e9
+
+
+def pace_key(codecs: tuple[str, ...]) -> str:
+    """What the pace seen is kept under for a chain (Blosc's zstd blocks run at a pace of
+    their own, not a zstd chunk's)."""
+    return "/".join(codecs)
+
+
+def device_key(device: Any) -> str:
+    """What the pace seen is kept under: the device's kind and index."""
+    name = getattr(device, "name", "cpu")
+    xp = getattr(device, "xp", None)
+    return f"gpu:{xp.cuda.Device().id}" if name == "gpu" and xp is not None else name
 
 
 def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
@@ -278,16 +371,6 @@ def lands_pinned(spec: Any, device: Any, decode: str = "auto") -> bool:
     if not codecs:
         return True
     return compressor(codecs) is not None and fixed_route(codecs, decode)[0] != "host"
-
-
-def seed_bytes(r: Rates, recipe: Any, threads: int) -> int:
-    """Decoded bytes the CPU threads decode in the time the shortest nvCOMP call of a recipe's
-    chunks takes (its fixed cost and its longest stream on one group of GPU threads): below
-    this a group goes to CPU threads alone, and the batches stop taking from a shared queue
-    once less is left. Only a seed: the queue decides the share."""
-    longest = min(recipe.nbytes, stream_bytes(recipe.bytes_codecs) or recipe.nbytes)
-    pool = r.host_pool or threads * r.host_thread
-    return int(pool * (r.gpu_call + longest / r.gpu_stream))
 
 
 # -- calibration ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,10 @@ COMPRESSORS = frozenset({"zstd", "gzip", "zlib", "lz4", "blosc-lz4", "blosc-lz4h
 _ENGINE_KINDS = frozenset("biufc")
 
 
+_keys: dict[tuple, int] = {}
+_keys_lock = threading.Lock()
+
+
 @dataclass(frozen=True)
 class ChunkRecipe:
     """How the stored bytes of one chunk become an array of ``shape``.
@@ -67,6 +72,14 @@ class ChunkRecipe:
     order: str = "C"
     transpose: tuple[int, ...] | None = None
     bytes_codecs: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def key(self) -> int:
+        """The same number for equal recipes: chunks of several arrays stored alike (the
+        variables of a dataset) are routed together and decoded in one call."""
+        fields = (self.shape, self.dtype.str, self.byteorder, self.order, self.transpose, self.bytes_codecs)
+        with _keys_lock:
+            return _keys.setdefault(fields, len(_keys))
 
     @functools.cached_property  # read per chunk: worked out once
     def nbytes(self) -> int:

@@ -1,0 +1,95 @@
+"""What this process's reads observed: each processor's pace per stream kind, and the I/O's.
+
+The route of a group that either processor may decode (:meth:`.schedule.Scheduler.routes`)
+is chosen from three times: the GPU's (the batch's reads, then one nvCOMP call: a fixed cost
+set by its longest stream, plus its bytes at the GPU's rate), the CPU threads' (the bytes at
+the pool's rate) and the time of a split where both work. Before a read has shown anything,
+the figures are the stream kind's :class:`~.decoders.Rates` (measured on an H200 host, or on
+this machine by ``warm_up(measure=True)``). Every read then corrects them with what it saw:
+the seconds nvCOMP's calls took against what the figures said, the pool's bytes per second,
+the bytes per second of the batches' reads. So a card, core count or codec that runs slower
+or faster than the figures is routed by its own pace from its second read on.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+#: weight of the newest observation (the rest: what earlier reads saw)
+NEW = 0.5
+
+
+@dataclass
+class Pace:
+    """One device's pace for one stream kind.
+
+    Attributes
+    ----------
+    gpu_k
+        Observed nvCOMP call seconds over the figures' prediction.
+    pool
+        Decoded bytes per second of the CPU threads together (0: not seen yet).
+    io
+        Stored bytes per second of a batch's reads (0: not seen yet).
+    gpu_seen, pool_seen, io_seen
+        How many observations made each figure.
+    """
+
+    gpu_k: float = 1.0
+    pool: float = 0.0
+    io: float = 0.0
+    gpu_seen: int = 0
+    pool_seen: int = 0
+    io_seen: int = 0
+
+
+_lock = threading.Lock()
+_paces: dict[tuple[str, str], Pace] = {}
+
+
+def pace(device_key: str, kind: str) -> Pace:
+    """A copy of the pace seen for ``kind`` on ``device_key`` (new figures where none)."""
+    with _lock:
+        p = _paces.get((device_key, kind))
+        return Pace(**p.__dict__) if p is not None else Pace()
+
+
+def _mix(old: float, new: float, seen: int) -> float:
+    return new if seen == 0 else (1 - NEW) * old + NEW * new
+
+
+def saw_gpu(device_key: str, kind: str, seconds: float, predicted: float) -> None:
+    """An nvCOMP call took ``seconds`` where the figures said ``predicted``."""
+    if seconds <= 0 or predicted <= 0:
+        return
+    with _lock:
+        p = _paces.setdefault((device_key, kind), Pace())
+        p.gpu_k = min(20.0, max(0.05, _mix(p.gpu_k, seconds / predicted, p.gpu_seen)))
+        p.gpu_seen += 1
+
+
+def saw_pool(device_key: str, kind: str, nbytes: int, seconds: float) -> None:
+    """The CPU threads decoded ``nbytes`` in ``seconds`` of wall time, every thread busy."""
+    if seconds <= 0 or nbytes <= 0:
+        return
+    with _lock:
+        p = _paces.setdefault((device_key, kind), Pace())
+        p.pool = _mix(p.pool, nbytes / seconds, p.pool_seen)
+        p.pool_seen += 1
+
+
+def saw_io(device_key: str, kind: str, nbytes: int, seconds: float) -> None:
+    """A batch's reads brought ``nbytes`` stored bytes in ``seconds``."""
+    if seconds <= 0 or nbytes <= 0:
+        return
+    with _lock:
+        p = _paces.setdefault((device_key, kind), Pace())
+        p.io = _mix(p.io, nbytes / seconds, p.io_seen)
+        p.io_seen += 1
+
+
+def forget() -> None:
+    """Drop everything seen (tests)."""
+    with _lock:
+        _paces.clear()
