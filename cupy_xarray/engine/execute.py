@@ -229,6 +229,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
         with device.io.session(device.threads) if batches or queue else contextlib.nullcontext() as session:
             try:
                 alone = not batches and queue is None  # nothing else runs beside the host route's jobs
+                host_t0 = time.perf_counter()
                 if twins is not None:
                     jobs = host.start(on_host, twins, host.host_device(device), options, inline=alone)
                 else:
@@ -239,7 +240,6 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                 cpu_waits = queue is not None and bool(batches) and options.share_start == "decode"
                 if queue is not None and not cpu_waits:  # (after the first batch is drawn)
                     host.take_from(queue, outs, device, options, jobs)
-                host_t0 = time.perf_counter()
                 ahead: dict = {}  # the next batch's checks, started while this one decodes
                 geometry: dict = {}  # per output: its pieces' box copies (Boxes)
                 b = 0

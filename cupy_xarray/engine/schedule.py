@@ -18,12 +18,12 @@ says; fetched bytes land in pinned memory where they go to the GPU as they are
 
 ``decode="gpu"`` sends every compressed chunk of a GPU read to nvCOMP, ``"cpu"`` every one
 to CPU threads. ``"auto"`` sends to nvCOMP only the streams it decodes safely
-(:func:`~.decoders.decodes_on_gpu`, or in the decoder process) and shares those between both
-processors as the read goes (``"share"``: :mod:`.share`): the batches take chunks from the
-front of one queue, CPU threads from its back, so neither processor waits on a prediction of
-the other's speed. A group too small for one nvCOMP call to pay (:func:`seed_bytes`: a
-one-chunk selection, a dask task) goes to CPU threads alone. A CPU read decodes every chunk on
-the host route.
+(:func:`~.decoders.decodes_on_gpu`, or in the decoder process), and sends each group of
+those to the processor that ends it first, or splits it between both where that ends sooner
+(:meth:`Scheduler.split`, at the pace this process's reads saw: :mod:`.observed`; a split's
+chunks wait in one queue, ``"share"``: :mod:`.share`). A group too small for one nvCOMP call
+to pay (a one-chunk selection, a dask task) goes to CPU threads alone. A CPU read decodes
+every chunk on the host route.
 """
 
 from __future__ import annotations
@@ -96,11 +96,11 @@ class Scheduler:
     Parameters
     ----------
     rates
-        Rates per stream kind, for :func:`seed_bytes` only; default: this machine's where
-        measured (:func:`known_rates`), else :data:`DEFAULT_RATES`.
+        Rates per stream kind, the figures :meth:`split` starts from; default: this
+        machine's where measured (:func:`known_rates`), else :data:`DEFAULT_RATES`.
     force
         ``"host"``, ``"batch"`` or ``"share"``: one route for every chunk (tests run each on
-        the CPU; ``"share"`` with no least batch, so that both ends of the queue take work).
+        the CPU; ``"share"`` plans half for each end, so that both take work).
     """
 
     def __init__(self, rates: dict[str, Rates] | None = None, force: str | None = None) -> None:
