@@ -234,14 +234,19 @@ def test_whole_chunks_decode_into_the_output(tmp_path, device, comp, route, monk
     monkeypatch.setattr(place, "copy_bytes", lambda *args: copies.append(args) or real_copy(*args))
     dev = resolve_device(device)
     sched = Scheduler(force=route)
+    # a shared GPU read's CPU threads take the back of the queue, the ragged last chunk with
+    # it, and place it from pinned memory (the host route's way): no copy of decoded bytes
+    ragged = {0, 1} if (route, device) == ("share", "gpu") else {1}
     for batch_bytes in (200, 2**30):  # one chunk per batch; all in one (mixed) batch
         (got,) = read_arrays([(spec, (slice(None),))], dev, batch_bytes=batch_bytes, scheduler=sched)
         np.testing.assert_array_equal(host(got), a[:])
-        assert len(copies) == 1  # the ragged last chunk (3 rows) is copied; 4 whole chunks landed
+        assert len(copies) in ragged  # the ragged last chunk (3 rows) is copied; 4 whole chunks landed
         copies.clear()
     (got,) = read_arrays([(spec, (slice(9, 30),))], dev, scheduler=sched)
     np.testing.assert_array_equal(host(got), a[9:30])
-    assert len(copies) == 2  # rows 9-15 and 24-29 are partial chunks; 16-23 is missing
+    # rows 9-15 and 24-29 are partial chunks (one of them the CPU threads' in a shared GPU
+    # read); 16-23 is missing
+    assert len(copies) in ({1, 2} if (route, device) == ("share", "gpu") else {2})
 
 
 def test_wrong_size_stream_into_output_names_the_chunk(tmp_path, device):

@@ -8,7 +8,13 @@ the figures are the stream kind's :class:`~.decoders.Rates` (measured on an H200
 this machine by ``warm_up(measure=True)``). Every read then corrects them with what it saw:
 the seconds nvCOMP's calls took against what the figures said, the pool's bytes per second,
 the bytes per second of the batches' reads. So a card, core count or codec that runs slower
-or faster than the figures is routed by its own pace from its second read on.
+or faster than the figures is routed by its own pace from its next reads on.
+
+The first observation of each figure in a process is not learned from: a process's first
+nvCOMP call loads its kernels and sets up the decoder process's memory (two seconds on an H100
+where a warm call takes 70 ms), its first reads open kvikio, its first CPU jobs start threads.
+After that, one read moves a figure at most threefold, so that one read slowed by something
+else (another process, a page cache miss) cannot send the next reads the wrong way.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from dataclasses import dataclass
 
 #: weight of the newest observation (the rest: what earlier reads saw)
 NEW = 0.5
+#: the most one observation moves a figure (a factor)
+STEP = 3.0
 
 
 @dataclass
@@ -33,15 +41,15 @@ class Pace:
     io
         Stored bytes per second of a batch's reads (0: not seen yet).
     gpu_seen, pool_seen, io_seen
-        How many observations made each figure.
+        How many observations made each figure (-1: none yet, the first one is a warm-up).
     """
 
     gpu_k: float = 1.0
     pool: float = 0.0
     io: float = 0.0
-    gpu_seen: int = 0
-    pool_seen: int = 0
-    io_seen: int = 0
+    gpu_seen: int = -1
+    pool_seen: int = -1
+    io_seen: int = -1
 
 
 _lock = threading.Lock()
@@ -56,7 +64,9 @@ def pace(device_key: str, kind: str) -> Pace:
 
 
 def _mix(old: float, new: float, seen: int) -> float:
-    return new if seen == 0 else (1 - NEW) * old + NEW * new
+    if seen <= 0 or old <= 0:
+        return new
+    return (1 - NEW) * old + NEW * min(old * STEP, max(old / STEP, new))
 
 
 def saw_gpu(device_key: str, kind: str, seconds: float, predicted: float) -> None:
@@ -65,7 +75,8 @@ def saw_gpu(device_key: str, kind: str, seconds: float, predicted: float) -> Non
         return
     with _lock:
         p = _paces.setdefault((device_key, kind), Pace())
-        p.gpu_k = min(20.0, max(0.05, _mix(p.gpu_k, seconds / predicted, p.gpu_seen)))
+        if p.gpu_seen >= 0:
+            p.gpu_k = min(20.0, max(0.05, _mix(p.gpu_k, seconds / predicted, p.gpu_seen)))
         p.gpu_seen += 1
 
 
@@ -75,7 +86,8 @@ def saw_pool(device_key: str, kind: str, nbytes: int, seconds: float) -> None:
         return
     with _lock:
         p = _paces.setdefault((device_key, kind), Pace())
-        p.pool = _mix(p.pool, nbytes / seconds, p.pool_seen)
+        if p.pool_seen >= 0:
+            p.pool = _mix(p.pool, nbytes / seconds, p.pool_seen)
         p.pool_seen += 1
 
 
@@ -85,7 +97,8 @@ def saw_io(device_key: str, kind: str, nbytes: int, seconds: float) -> None:
         return
     with _lock:
         p = _paces.setdefault((device_key, kind), Pace())
-        p.io = _mix(p.io, nbytes / seconds, p.io_seen)
+        if p.io_seen >= 0:
+            p.io = _mix(p.io, nbytes / seconds, p.io_seen)
         p.io_seen += 1
 
 
