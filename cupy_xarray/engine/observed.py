@@ -69,37 +69,36 @@ def _mix(old: float, new: float, seen: int) -> float:
     return (1 - NEW) * old + NEW * min(old * STEP, max(old / STEP, new))
 
 
-def saw_gpu(device_key: str, kind: str, seconds: float, predicted: float) -> None:
-    """An nvCOMP call took ``seconds`` where the figures said ``predicted``."""
-    if seconds <= 0 or predicted <= 0:
-        return
+def _learn(
+    device_key: str, kind: str, name: str, value: float, low: float = 0.0, high: float = float("inf")
+) -> None:
+    """Mix ``value`` into the pace's figure ``name`` (``gpu_k``, ``pool`` or ``io``), within
+    ``low`` and ``high``; the figure's first observation only counts as its warm-up."""
+    seen = {"gpu_k": "gpu_seen", "pool": "pool_seen", "io": "io_seen"}[name]
     with _lock:
         p = _paces.setdefault((device_key, kind), Pace())
-        if p.gpu_seen >= 0:
-            p.gpu_k = min(20.0, max(0.05, _mix(p.gpu_k, seconds / predicted, p.gpu_seen)))
-        p.gpu_seen += 1
+        count = getattr(p, seen)
+        if count >= 0:
+            setattr(p, name, min(high, max(low, _mix(getattr(p, name), value, count))))
+        setattr(p, seen, count + 1)
+
+
+def saw_gpu(device_key: str, kind: str, seconds: float, predicted: float) -> None:
+    """An nvCOMP call took ``seconds`` where the figures said ``predicted``."""
+    if seconds > 0 and predicted > 0:
+        _learn(device_key, kind, "gpu_k", seconds / predicted, 0.05, 20.0)
 
 
 def saw_pool(device_key: str, kind: str, nbytes: int, seconds: float) -> None:
     """The CPU threads decoded ``nbytes`` in ``seconds`` of wall time, every thread busy."""
-    if seconds <= 0 or nbytes <= 0:
-        return
-    with _lock:
-        p = _paces.setdefault((device_key, kind), Pace())
-        if p.pool_seen >= 0:
-            p.pool = _mix(p.pool, nbytes / seconds, p.pool_seen)
-        p.pool_seen += 1
+    if seconds > 0 and nbytes > 0:
+        _learn(device_key, kind, "pool", nbytes / seconds)
 
 
 def saw_io(device_key: str, kind: str, nbytes: int, seconds: float) -> None:
     """A batch's reads brought ``nbytes`` stored bytes in ``seconds``."""
-    if seconds <= 0 or nbytes <= 0:
-        return
-    with _lock:
-        p = _paces.setdefault((device_key, kind), Pace())
-        if p.io_seen >= 0:
-            p.io = _mix(p.io, nbytes / seconds, p.io_seen)
-        p.io_seen += 1
+    if seconds > 0 and nbytes > 0:
+        _learn(device_key, kind, "io", nbytes / seconds)
 
 
 def forget() -> None:

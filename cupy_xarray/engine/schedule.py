@@ -76,7 +76,7 @@ class Decision:
     host: int
     why: str
     kind: str = ""
-    key: int = 0  # the recipe's id
+    key: int = 0  # the recipe's key (:attr:`~.spec.ChunkRecipe.key`)
     shared: bool = False  # both processors took from one queue: ``gpu``/``host`` say what each took
     front_bytes: int = 0  # shared: decoded bytes the batches were planned to take
     fixed_s: float = 0.0  # shared: the seconds an nvCOMP call of these chunks costs at the least
@@ -84,10 +84,6 @@ class Decision:
     def __str__(self) -> str:
         where = f"{self.gpu} chunks to nvCOMP, {self.host} to CPU threads"
         return f"{self.array}: {self.codec}: {where} ({self.why})"
-
-
-def _work(t: Any) -> int:
-    return t.spec.recipe.nbytes
 
 
 class Scheduler:
@@ -128,7 +124,11 @@ class Scheduler:
             for t, r in zip(group, routes):
                 by_route[r].append(t)
             if routes and routes[0] == "share" and decision is not None:
-                front += decision.front_bytes if self.force is None else sum(_work(t) for t in group) // 2
+                front += (
+                    decision.front_bytes
+                    if self.force is None
+                    else sum(t.spec.recipe.nbytes for t in group) // 2
+                )
                 fixed = max(fixed, decision.fixed_s)
             codecs = group[0].spec.recipe.bytes_codecs
             on_gpu[key] = nvcomp_decodes(codecs, device, decode)
@@ -227,8 +227,7 @@ class Scheduler:
             return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), split.why, kind, key)
         if split.route == "batch":
             return ["batch"] * len(tasks), Decision(name, codec, len(tasks), 0, split.why, kind, key)
-        decision = Decision(name, codec, 0, 0, split.why, kind, key, shared=True)
-        decision.front_bytes, decision.fixed_s = split.front_bytes, split.fixed_s
+        decision = Decision(name, codec, 0, 0, split.why, kind, key, True, split.front_bytes, split.fixed_s)
         return ["share"] * len(tasks), decision
 
     def split(self, tasks: list[Any], device: Any, kind: str) -> Split:
