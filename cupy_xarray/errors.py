@@ -46,6 +46,12 @@ class ChunkError(CupyXarrayError, ValueError):
         super().__init__(f"array {array!r}, chunk {chunk!r} ({path}): {message}")
 
 
+class ChunkChangedError(ChunkError):
+    """A chunk file was replaced (or removed) between planning a read and reading it: a
+    writer updated the store. The read starts again from its plan; this escapes only where
+    the store kept changing under every try."""
+
+
 class StoreError(CupyXarrayError, ValueError):
     """The store, group or variable asked for does not exist or is not usable."""
 

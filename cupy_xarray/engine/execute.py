@@ -40,7 +40,11 @@ def _submit(session: Any, batch: list[ChunkTask], read: Read, size: int, slots=N
         t.staging = staging
         t.data = staging[off : off + t.nbytes]
         t.stage = off
-        ops.append(ReadOp(t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key, t.blob, t.spec.containment))
+        ops.append(
+            ReadOp(
+                t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key, t.blob, t.spec.containment, t.ident
+            )
+        )
     flat: dict[int, Any] = {}
     for t in batch:
         if t.direct is not None:
@@ -48,7 +52,9 @@ def _submit(session: Any, batch: list[ChunkTask], read: Read, size: int, slots=N
             if t.out not in flat:
                 flat[t.out] = bytes_of(read.outs[t.out])
             dest = flat[t.out][out_off : out_off + n]
-            ops.append(ReadOp(t.path, file_off, n, dest, t.spec.name, t.key, t.blob, t.spec.containment))
+            ops.append(
+                ReadOp(t.path, file_off, n, dest, t.spec.name, t.key, t.blob, t.spec.containment, t.ident)
+            )
     return session.submit(ops)
 
 
@@ -216,6 +222,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
         submitted[k] = time.perf_counter()
         if isinstance(batches[k], cut.Segment):
             located = batches[k].locate(outs, device)
+            read.report.chunks += len(located)
             tasks.extend(located)  # released with the others
             read.grow_progress(located)
             batches[k] = located

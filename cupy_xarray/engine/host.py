@@ -91,7 +91,7 @@ def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
         stored = thread_buffer("stored", task.nbytes, pinned=gpu and not recipe.bytes_codecs)
         if hi > lo:
             op = ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key)
-            op.containment = task.spec.containment
+            op.containment, op.ident = task.spec.containment, task.ident
             _pread_into(op)
     t1 = time.perf_counter()
     data = stored
@@ -121,7 +121,9 @@ def _direct_job(task: ChunkTask, out: Any, device: Any) -> None:
     file_off, n, dst = task.direct
     if not n:
         return
-    op = ReadOp(task.path, file_off, n, None, task.spec.name, task.key, task.blob, task.spec.containment)
+    op = ReadOp(
+        task.path, file_off, n, None, task.spec.name, task.key, task.blob, task.spec.containment, task.ident
+    )
     if device.name != "gpu":
         op.dest = out.reshape(-1).view(np.uint8)[dst : dst + n]
         _pread_into(op)

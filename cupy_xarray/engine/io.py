@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ChunkError
+from ..errors import ChunkChangedError, ChunkError
 from ..options import get_options
 
 
@@ -38,6 +38,9 @@ class ReadOp:
     ``blob``: the object's bytes already fetched from a remote store (a uint8 NumPy array);
     ``offset`` is then into it, and nothing is read from a file. ``containment``: the root an
     untrusted store's files must lie in (:func:`open_chunk` checks what it opened).
+    ``ident``: the file's identity when the read was planned (:func:`file_ident`); a file
+    opened now that is another one (replaced by a writer's rename) or gone raises
+    :class:`~cupy_xarray.errors.ChunkChangedError`, not damage.
     """
 
     path: str
@@ -48,10 +51,16 @@ class ReadOp:
     chunk: str
     blob: Any = None
     containment: Any = None
+    ident: tuple[int, int] | None = None
 
 
-def open_chunk(path: str, containment: Any, array: str, key: str) -> tuple[int, int]:
-    """Open a chunk or shard file for reading: (descriptor, size). Only a regular file is
+def file_ident(st: os.stat_result) -> tuple[int, int]:
+    """What tells one file from another that took its name: (device, inode)."""
+    return st.st_dev, st.st_ino
+
+
+def open_chunk(path: str, containment: Any, array: str, key: str) -> tuple[int, os.stat_result]:
+    """Open a chunk or shard file for reading: (descriptor, its ``fstat``). Only a regular file is
     read (a FIFO would block the open, which is non-blocking for that reason; a device would
     never end); for an untrusted store, the file opened must lie inside its root
     (:meth:`~cupy_xarray.containment.Containment.check_opened`: what was opened, not the name,
@@ -87,19 +96,30 @@ def open_chunk(path: str, containment: Any, array: str, key: str) -> tuple[int, 
     except BaseException:
         os.close(fd)
         raise
-    return fd, st.st_size
+    return fd, st
 
 
 def _open(op: ReadOp) -> int:
     try:
-        fd, size = open_chunk(op.path, op.containment, op.array, op.chunk)
+        fd, st = open_chunk(op.path, op.containment, op.array, op.chunk)
     except FileNotFoundError as exc:
+        if op.ident is not None:
+            raise _changed(op, "removed") from exc
         raise _error(op, "chunk file disappeared during the read") from exc
+    if op.ident is not None and file_ident(st) != op.ident:
+        os.close(fd)
+        raise _changed(op, "replaced")
+    size = st.st_size
     if op.offset + op.nbytes > size:
         os.close(fd)
         got = max(0, size - op.offset)
         raise _error(op, f"file ended after {got} of {op.nbytes} bytes (truncated?)")
     return fd
+
+
+def _changed(op: ReadOp, how: str) -> ChunkChangedError:
+    msg = f"chunk file was {how} after the read was planned (a writer updated the store)"
+    return ChunkChangedError(msg, array=op.array, chunk=op.chunk, path=op.path)
 
 
 def _error(op: ReadOp, msg: str) -> ChunkError:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..containment import file_kind
 from ..errors import ChunkError
+from .io import file_ident
 from .plan import ChunkPiece
 from .schedule import lands_pinned
 from .shards import EMPTY, read_shard_index, remote_shard_indexes, shard_bound, stored_bound
@@ -42,18 +43,21 @@ def locate(
             except OSError as exc:
                 raise ChunkError(f"cannot stat chunk: {exc}", array=spec.name, chunk=key, path=path) from exc
             check_chunk_file(spec, st, key, path, spec.recipe.nbytes if spec.recipe is not None else None)
-            tasks.append(ChunkTask(out, spec, p, path, key, 0, st.st_size))
+            tasks.append(ChunkTask(out, spec, p, path, key, 0, st.st_size, ident=file_ident(st)))
         return tasks, missing
     indexes: dict[tuple[int, ...], Any] = {}
+    idents: dict[tuple[int, ...], tuple[int, int]] = {}
     for p, (shard, local) in zip(pieces, places(spec, pieces)):
         if shard not in indexes:
-            indexes[shard] = read_shard_index(spec, shard)
+            indexes[shard] = read_shard_index(spec, shard, idents)
         found = inner(spec, shard, local, indexes[shard])
         if found is None:
             missing += 1
             continue
         offset, nbytes, key = found
-        tasks.append(ChunkTask(out, spec, p, spec.chunk_path(shard), key, offset, nbytes))
+        tasks.append(
+            ChunkTask(out, spec, p, spec.chunk_path(shard), key, offset, nbytes, ident=idents.get(shard))
+        )
     return tasks, missing
 
 

@@ -13,16 +13,20 @@ import numpy as np
 
 from ..errors import ChunkError
 from .decoders.crc32c import value as crc32c_value
-from .io import open_chunk
+from .io import file_ident, open_chunk
 from .spec import ArraySpec, ShardLayout
 
 EMPTY = np.uint64(2**64 - 1)
 
 
-def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarray | None:
+def read_shard_index(
+    spec: ArraySpec, shard_coords: tuple[int, ...], idents: dict | None = None
+) -> np.ndarray | None:
     """The index of one shard: an array of shape ``chunks_per_shard + (2,)`` of uint64.
 
     Returns None when the shard file does not exist (all its chunks read as fill value).
+    ``idents``: where to keep the shard file's identity (:func:`.io.file_ident`), by shard,
+    so that its inner chunks are read from the file this index came from.
     """
     layout = spec.shard
     assert layout is not None
@@ -35,9 +39,12 @@ def read_shard_index(spec: ArraySpec, shard_coords: tuple[int, ...]) -> np.ndarr
         except FileNotFoundError:
             return None
     try:
-        fd, size = open_chunk(path, spec.containment, spec.name, key)
+        fd, st = open_chunk(path, spec.containment, spec.name, key)
     except FileNotFoundError:
         return None
+    size = st.st_size
+    if idents is not None:
+        idents[shard_coords] = file_ident(st)
     try:
         if size < nbytes:
             raise ChunkError(

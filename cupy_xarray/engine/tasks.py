@@ -62,6 +62,9 @@ class ChunkTask:
         Where the stored bytes start in ``path`` (or in ``blob``) and how many there are.
     blob
         Bytes fetched from a remote store (``offset`` is into it).
+    ident
+        The file's identity when it was located (:func:`.io.file_ident`): the file read
+        must be that one.
     """
 
     out: int
@@ -72,6 +75,7 @@ class ChunkTask:
     offset: int
     nbytes: int
     blob: Any = field(default=None, repr=False)
+    ident: tuple[int, int] | None = None
     placement: Placement = SCATTER
     #: the stored, then decoded, bytes while the task is read and decoded
     data: Any = field(default=None, repr=False)
