@@ -27,6 +27,7 @@ from .device import Device, PrototypeDevice, resolve_device, start_gpu
 from .engine import array_spec, read_arrays
 from .engine.decoders import decode_choice
 from .engine.plan import normalize_selection
+from .engine.points import read_points
 from .errors import StoreError, StoreNotFoundError
 from .options import Options, carried, get_options, using
 from .warmup import warm_engine
@@ -46,7 +47,8 @@ class ReadSettings:
 
 
 class KvikioBackendArray(BackendArray):
-    """A lazy Zarr array read by the engine (outer indexing; xarray does the rest).
+    """A lazy Zarr array read by the engine (outer indexing, and points: only the chunks
+    they lie in are read; xarray does the rest).
 
     Parameters
     ----------
@@ -104,6 +106,9 @@ class KvikioBackendArray(BackendArray):
             return resolve_device(self.device, self.threads)
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> Any:
+        if isinstance(key, indexing.VectorizedIndexer) and self._preloaded is None:
+            # points: only the chunks they lie in are read (not the box of their indices)
+            return read_points(self.spec, key.tuple, self._read_requests)
         return indexing.explicit_indexing_adapter(
             key, self.shape, indexing.IndexingSupport.OUTER, self._raw_getitem
         )
@@ -126,11 +131,12 @@ class KvikioBackendArray(BackendArray):
             if all(isinstance(s, slice) and s == slice(0, n, 1) for s, n in zip(sel, self.shape)):
                 out, self._preloaded = self._preloaded, None
                 return out
+        return self._read_requests([(self.spec, key)])[0]
+
+    def _read_requests(self, requests: list) -> list[Any]:
         with using(self.options):
             device = resolve_device(self.device, self.threads)
-            return read_arrays([(self.spec, key)], device, batch_bytes=self.batch_bytes, decode=self.decode)[
-                0
-            ]
+            return read_arrays(requests, device, batch_bytes=self.batch_bytes, decode=self.decode)
 
 
 def _slots(cls: type) -> list[str]:

@@ -39,6 +39,9 @@ class ReadReport:
         Where the outputs went, and the ``decode`` choice.
     nbytes
         Bytes of the outputs.
+    chunks
+        Stored chunks (inner chunks of shards) the read fetched; missing ones, read as the
+        fill value, are not counted.
     seconds
         Wall time of the read.
     phases
@@ -62,6 +65,7 @@ class ReadReport:
     device: str = ""
     decode: str = "auto"
     nbytes: int = 0
+    chunks: int = 0
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     decisions: list[Decision] = field(default_factory=list)
@@ -75,7 +79,8 @@ class ReadReport:
         gbs = self.nbytes / self.seconds / 1e9 if self.seconds else 0.0
         head = (
             f"read of {', '.join(self.arrays) or 'nothing'} to the {self.device}: "
-            f"{self.nbytes / 2**20:.1f} MiB in {self.seconds * 1e3:.1f} ms ({gbs:.2f} GB/s)"
+            f"{self.nbytes / 2**20:.1f} MiB ({self.chunks} chunks) in {self.seconds * 1e3:.1f} ms "
+            f"({gbs:.2f} GB/s)"
         )
         if self.device == "gpu":  # batches, staging and decode= are what a GPU read chooses
             head += (
@@ -185,17 +190,23 @@ class Read:
 
         release_arenas()  # the decoder process's idle arenas first
         self.batch_bytes = max(least, tried // 4)
-        self.outs[:] = [None] * len(self.requests)
-        self.filled.clear()
-        self.report.notes.append(
+        self.again(
             f"memory ran short with batches of {tried / 2**20:.0f} MiB ({type(exc).__name__}); "
             f"read again in batches of {self.batch_bytes / 2**20:.0f} MiB"
         )
+        return True
+
+    def again(self, note: str) -> None:
+        """Forget a failed attempt's outputs, before the read starts again; ``note`` says why
+        in the report."""
+        self.outs[:] = [None] * len(self.requests)
+        self.filled.clear()
+        self.report.chunks = 0
+        self.report.notes.append(note)
         self.report.staging_bytes = 0
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-        return True
 
     def progress_bar(self, tasks: list) -> None:
         """Start the progress bar over the bytes read for ``tasks`` (with ``progress``)."""

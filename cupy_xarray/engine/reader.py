@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import traceback
 from typing import Any
 
 from ..device import Device, PrototypeDevice
-from ..errors import OutOfMemoryError
+from ..errors import ChunkChangedError, OutOfMemoryError
 from ..options import get_options
 from .buffers import on_thread_stream
 from .decoders import decode_choice
@@ -99,6 +100,7 @@ def _run(read: Read) -> list[Any]:
             outs[i] = device.empty(oshape, spec.dtype)
             continue
         found, missing = locate(spec, pieces, i, device, read.decode)
+        read.report.chunks += len(found)
         if missing:
             read.filled.add(i)
             outs[i] = device.full(oshape, spec.fill_value, spec.dtype)
@@ -135,19 +137,42 @@ def _read(read: Read) -> list[Any]:
     device = read.device
     if isinstance(device, Device):
         check_memory(read.requests, device, read.options.min_batch_bytes, read.options)
+    changed = 0
     try:
         with RUNNING.running(read.clock), reporting(read.report):
             while True:
                 try:
                     return _attempt(read)
                 except BaseException as exc:
-                    if not is_oom(exc) or not isinstance(device, Device) or not read.smaller_batches(exc):
+                    found = _changed(exc)
+                    if found is not None and changed < CHANGED_TRIES:
+                        changed += 1
+                        time.sleep(0.001 * 2**changed)  # let a writer's burst pass
+                        read.again(f"{found.chunk!r} of {found.array!r} was replaced by a writer; read again")
+                    elif not is_oom(exc) or not isinstance(device, Device) or not read.smaller_batches(exc):
                         raise
                     traceback.clear_frames(exc.__traceback__)  # the failed attempt's buffers go now
                     del exc
-                    device.release_cached()
+                    if isinstance(device, Device):
+                        device.release_cached()
     finally:
         read.finish()
+
+
+#: reads started again because a writer replaced a chunk file under them, before the
+#: :class:`~cupy_xarray.errors.ChunkChangedError` is raised
+CHANGED_TRIES = 5
+
+
+def _changed(exc: BaseException) -> ChunkChangedError | None:
+    """The ChunkChangedError that ``exc`` is or was raised from, if any."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, ChunkChangedError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
 
 
 def read_arrays(

@@ -92,6 +92,7 @@ def execute_waves(read: Read, remote: list[Request], size: int) -> None:
                     scatter(device.xp, read.outs[i], p.out_sel, spec.fill_value)
                 prepare(found, read.outs[i])
                 tasks.extend(found)
+            read.report.chunks += len(tasks)
             read.grow_progress(tasks)
             if tasks:
                 execute(read, tasks, assemble=False)

@@ -1,0 +1,112 @@
+"""Point (vectorized) selections: read only the chunks the points lie in, then gather the
+points on the output's device.
+
+xarray's vectorized indexing (``ds.isel(x=DataArray(...), y=DataArray(...))``) asks for
+points, not a box: reading the outer box of the indices would read up to N^k chunks for N
+scattered points. Here the points are grouped by the chunk they fall in; each group is one
+outer request of the box its points span inside that chunk (whole along sliced dimensions),
+all requests of a wave go to the engine as one read, and one gather puts the points in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .plan import normalize_selection
+from .spec import ArraySpec
+
+#: output bytes of the chunk boxes read at once (a wave); the points themselves are gathered
+#: out of each wave's boxes before the next is read
+WAVE_BYTES = 1 << 30
+
+
+def read_points(spec: ArraySpec, key: tuple, read) -> Any:
+    """The vectorized selection ``key`` of ``spec``: integer arrays (broadcast together) and
+    slices, one per dimension. The points' dimensions come first in the result, then the
+    sliced ones in order (NumPy's rule for separated advanced indices, xarray's for
+    vectorized indexers). ``read(requests)``: the engine's read of outer requests, returning
+    their outputs."""
+    shape, chunks = spec.shape, spec.chunks
+    key = tuple(key) + (slice(None),) * (len(shape) - len(key))
+    adv = [d for d, k in enumerate(key) if not isinstance(k, slice)]
+    if not adv:
+        return read([(spec, key)])[0]
+    arrays = np.broadcast_arrays(*(np.asarray(key[d]) for d in adv))
+    pshape = arrays[0].shape if arrays else ()
+    flat = []
+    for d, a in zip(adv, arrays):
+        a = a.reshape(-1)
+        if a.size and a.dtype.kind not in "iu":
+            raise IndexError(f"axis {d}: point indices must be integers, got {a.dtype}")
+        flat.append(normalize_selection((a,), (shape[d],))[0])  # bounds checked, made >= 0
+    sliced = [d for d in range(len(shape)) if d not in adv]
+    slices = {d: normalize_selection((key[d],), (shape[d],))[0] for d in sliced}
+    lengths = tuple(_length(slices[d]) for d in sliced)
+    npoints = int(np.prod(pshape, dtype=np.int64))
+    if npoints == 0 or 0 in lengths:
+        out = read(
+            [(spec, tuple(np.zeros(0, np.int64) if d in adv else slices[d] for d in range(len(shape))))]
+        )[0]
+        return out.reshape(pshape + lengths)
+    cell = np.stack([f // chunks[d] for f, d in zip(flat, adv)], axis=1)
+    _, group = np.unique(cell, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    order = np.argsort(group, kind="stable")
+    bounds = np.flatnonzero(np.diff(group[order])) + 1
+    row = int(np.prod(lengths, dtype=np.int64)) * spec.dtype.itemsize
+    result = None
+    wave: list[tuple[tuple, np.ndarray, list[np.ndarray]]] = []
+    wave_bytes = 0
+    for ids in np.split(order, bounds):
+        sel, where = [], []
+        for f in flat:
+            uniq, pos = np.unique(f[ids], return_inverse=True)
+            sel.append(uniq)
+            where.append(pos.reshape(-1))
+        it = iter(sel)
+        request = tuple(next(it) if d in adv else slices[d] for d in range(len(shape)))
+        wave.append((request, ids, where))
+        wave_bytes += int(np.prod([len(u) for u in sel])) * row
+        if wave_bytes >= WAVE_BYTES:
+            result = _gather(spec, wave, read, adv, npoints, lengths, result)
+            wave, wave_bytes = [], 0
+    if wave:
+        result = _gather(spec, wave, read, adv, npoints, lengths, result)
+    return result.reshape(pshape + lengths)
+
+
+def _length(s) -> int:
+    return len(range(s.start, s.stop, s.step)) if isinstance(s, slice) else len(s)
+
+
+def _gather(spec, wave, read, adv, npoints, lengths, result):
+    """Read a wave's boxes in one engine read and put their points into ``result``."""
+    outs = read([(spec, request) for request, _, _ in wave])
+    xp = _xp(outs[0])
+    if result is None:
+        result = xp.empty((npoints,) + lengths, dtype=outs[0].dtype)
+    k = len(adv)
+    parts, flat_ids, dest = [], [], []
+    start = 0
+    for out, (_, ids, where) in zip(outs, wave):
+        box = xp.moveaxis(out, adv, list(range(k)))  # the points' dimensions first
+        inner = box.shape[:k]
+        parts.append(box.reshape(-1, *lengths))
+        flat_ids.append(start + np.ravel_multi_index(tuple(where), inner))
+        dest.append(ids)
+        start += int(np.prod(inner))
+    boxes = xp.concatenate(parts) if len(parts) > 1 else parts[0]
+    take = np.concatenate(flat_ids)
+    to = np.concatenate(dest)
+    result[xp.asarray(to)] = boxes[xp.asarray(take)]
+    return result
+
+
+def _xp(array: Any):
+    if hasattr(array, "__cuda_array_interface__"):
+        import cupy
+
+        return cupy
+    return np
