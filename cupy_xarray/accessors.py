@@ -91,7 +91,7 @@ class CupyDataArrayAccessor:
             data = data.compute()
         return data.get() if is_cupy_array(data) else np.asarray(data)
 
-    def to_zarr(self, store: Any = None, **kwargs: Any) -> Any:
+    def to_zarr(self, store: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Write this DataArray to a Zarr store, as :meth:`xarray.DataArray.to_zarr` does.
 
         Takes every argument of :meth:`xarray.Dataset.to_zarr` (``mode``, ``append_dim``,
@@ -114,6 +114,7 @@ class CupyDataArrayAccessor:
 
         from .write import to_zarr
 
+        kwargs = _by_name(xr.DataArray.to_zarr, args, kwargs)
         da = self._da
         if da.name is None:
             ds = da.to_dataset(name=DATAARRAY_VARIABLE, promote_attrs=False)
@@ -153,7 +154,7 @@ class CupyDatasetAccessor:
         out.encoding = dict(ds.encoding)
         return out
 
-    def to_zarr(self, store: Any = None, **kwargs: Any) -> Any:
+    def to_zarr(self, store: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Write this Dataset to a Zarr store, as :meth:`xarray.Dataset.to_zarr` does.
 
         Takes every argument of :meth:`xarray.Dataset.to_zarr` (``mode``, ``append_dim``,
@@ -179,7 +180,7 @@ class CupyDatasetAccessor:
         """
         from .write import to_zarr
 
-        return to_zarr(self._ds, store, **kwargs)
+        return to_zarr(self._ds, store, **_by_name(xr.Dataset.to_zarr, args, kwargs))
 
     def as_cupy(self, coords: bool = False) -> xr.Dataset:
         """A new Dataset with every data variable in GPU memory (see DataArray.cupy.as_cupy)."""
@@ -189,6 +190,26 @@ class CupyDatasetAccessor:
     def as_numpy(self) -> xr.Dataset:
         """A new Dataset with everything in host memory."""
         return self._convert(lambda da: da.cupy.as_numpy())
+
+
+def _by_name(method, args: tuple, kwargs: dict) -> dict:
+    """``kwargs`` with the positional ``args`` after ``store`` named as xarray's own ``method``
+    names them (its signature, so that they mean what they mean there)."""
+    if not args:
+        return kwargs
+    import inspect
+
+    params = list(inspect.signature(method).parameters.values())[2:]  # after self, store
+    names = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+    if len(args) > len(names):
+        raise TypeError(
+            f"to_zarr() takes at most {len(names) + 1} positional arguments ({len(args) + 1} given)"
+        )
+    named = dict(zip(names, args))
+    both = sorted(set(named) & set(kwargs))
+    if both:
+        raise TypeError(f"to_zarr() got multiple values for argument {both[0]!r}")
+    return {**named, **kwargs}
 
 
 def _all_cupy(data_vars) -> bool:
@@ -217,13 +238,13 @@ class CupyDataTreeAccessor:
         """A new DataTree with everything in host memory."""
         return self._tree.map_over_datasets(lambda ds: ds.cupy.as_numpy())
 
-    def to_zarr(self, store: Any, **kwargs: Any) -> Any:
+    def to_zarr(self, store: Any, *args: Any, **kwargs: Any) -> Any:
         """Write this DataTree to a Zarr store, as :meth:`xarray.DataTree.to_zarr` does, from GPU
         data too: xarray writes every group's metadata, the engine the chunks of each group's
         variables as it writes a Dataset's (see :meth:`CupyDatasetAccessor.to_zarr`)."""
         from .write.dataset import tree_to_zarr
 
-        return tree_to_zarr(self._tree, store, **kwargs)
+        return tree_to_zarr(self._tree, store, **_by_name(xr.DataTree.to_zarr, args, kwargs))
 
 
 def _as_cupy(self, coords: bool = False):

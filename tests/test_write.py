@@ -1325,3 +1325,73 @@ def test_dask_inputs_shared_by_groups_are_computed_once(tmp_path):
     assert len(calls) == 2  # once a block
     back = xr.open_datatree(tmp_path / "t.zarr", engine="zarr").load()
     np.testing.assert_array_equal(back["b"]["w"].values, back["a"]["v"].values + 1)
+
+
+def test_to_zarr_takes_xarrays_positional_arguments(tmp_path):
+    ds = xr.Dataset({"v": (("y", "x"), np.arange(64 * 48, dtype="float32").reshape(64, 48))})
+    enc = {"v": {"chunks": (16, 16), "compressors": zarr.codecs.ZstdCodec(level=1)}}
+    ds.to_zarr(tmp_path / "xr.zarr", "w", "g", enc, consolidated=False)
+    ds.cupy.to_zarr(tmp_path / "ours.zarr", "w", "g", enc, consolidated=False)
+    assert _files(tmp_path / "xr.zarr").keys() == _files(tmp_path / "ours.zarr").keys()
+    got = xr.open_dataset(tmp_path / "ours.zarr", group="g", engine="zarr", consolidated=False)
+    xr.testing.assert_identical(got, ds)
+    assert got.v.encoding["chunks"] == (16, 16)
+    ds.v.cupy.to_zarr(tmp_path / "da.zarr", "w", None, None, consolidated=False)
+    xr.testing.assert_identical(
+        xr.open_dataarray(tmp_path / "da.zarr", engine="zarr", consolidated=False), ds.v
+    )
+    tree = xr.DataTree.from_dict({"/a": ds})
+    tree.cupy.to_zarr(tmp_path / "tree.zarr", "w", consolidated=False)
+    xr.testing.assert_identical(
+        xr.open_datatree(tmp_path / "tree.zarr", engine="zarr", consolidated=False), tree
+    )
+    with pytest.raises(TypeError, match="multiple values for argument 'mode'"):
+        ds.cupy.to_zarr(tmp_path / "x.zarr", "w", mode="w")
+    with pytest.raises(TypeError, match="positional arguments"):
+        ds.cupy.to_zarr(tmp_path / "x.zarr", "w", None, None, None, None, None, None, None)
+
+
+_FIRST_WRITES = """
+import os, sys, tempfile, threading
+import numpy as np
+import xarray as xr
+import cupy_xarray  # noqa: F401
+
+root = tempfile.mkdtemp(dir=sys.argv[1])
+ds = xr.Dataset({"v": (("y", "x"), np.arange(4096 * 1024, dtype="float32").reshape(4096, 1024))})
+if sys.argv[2] == "dask":
+    ds = ds.chunk({"y": 1024})
+errors, start = [], threading.Barrier(16)
+
+def work(k):
+    try:
+        start.wait()
+        ds.cupy.to_zarr(os.path.join(root, f"{k}.zarr"), mode="w", consolidated=False)
+        xr.testing.assert_identical(xr.open_dataset(os.path.join(root, f"{k}.zarr"), engine="zarr"), ds)
+    except BaseException as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=work, args=(k,)) for k in range(16)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(errors)
+sys.exit(1 if errors else 0)
+"""
+
+
+@pytest.mark.parametrize("data", ["eager", "dask"])
+def test_sixteen_threads_making_a_process_first_writes_at_once(tmp_path, data):
+    import os
+    import subprocess
+    import sys
+
+    runs = int(os.environ.get("CUPY_XARRAY_FIRST_WRITE_RUNS", "3"))
+    env = {**os.environ, "CUPY_XARRAY_DEVICE": "cpu"}
+    for _ in range(runs):  # a fresh process each: the first writes of a process
+        done = subprocess.run(
+            [sys.executable, "-c", _FIRST_WRITES, str(tmp_path), data],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr

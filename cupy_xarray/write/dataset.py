@@ -368,6 +368,7 @@ def _plan(
 def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     """Write ``ds`` as ``ds.to_zarr(store, **kwargs)`` would, its GPU data included; returns
     what that returns (a ``ZarrStore``, or a dask ``Delayed`` with ``compute=False``)."""
+    _import_once()
     root = _local_root(store)
     _refuse_overwriting_a_source(ds, root, kwargs)
     small = _small(ds)
@@ -385,6 +386,27 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     kwargs["encoding"] = node.encoding(encodings)
     node.template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
     return _write_chunks(root, store, [node], kind, compute, kwargs)
+
+
+_imported = threading.Event()
+_importing = threading.Lock()
+
+
+def _import_once() -> None:
+    """Import, once and under a lock, what xarray's and dask's write paths import lazily
+    (``dask.array``, ``dask.delayed``, ``distributed`` where installed): threads making the
+    first writes of a process at once would otherwise import ``distributed`` side by side,
+    and a thread can meet its modules partially initialised (an ImportError)."""
+    if _imported.is_set():
+        return
+    import importlib
+
+    with _importing:
+        if not _imported.is_set():
+            for name in ("dask.array", "dask.delayed", "distributed"):
+                with contextlib.suppress(ImportError):
+                    importlib.import_module(name)
+            _imported.set()
 
 
 #: a Dataset of eager data of fewer bytes is written by xarray from host copies: the engine's
@@ -407,6 +429,7 @@ def _small(ds: xr.Dataset) -> str | None:
 def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
     """Write ``tree`` as ``tree.to_zarr(store, **kwargs)`` would, its GPU data included: the
     chunks of every group's variables written as a Dataset's are."""
+    _import_once()
     root = _local_root(store)
     kind = _kind(root, kwargs)
     if kind != "new":  # xarray writes trees new only, or into existing groups' regions
