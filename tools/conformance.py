@@ -101,14 +101,21 @@ def run_route(route: str, device: str, extra: list[str], source: Path, workdir: 
     t0 = time.perf_counter()
     out = subprocess.run(cmd, env=env, cwd=source, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
-    results = {}
+    results, routed = {}, None
     if log.exists():
         for line in log.read_text().splitlines():
             row = json.loads(line)
-            results[row["test"]] = row
+            if "routed" in row:
+                routed = row["routed"]
+            else:
+                results[row["test"]] = row
     if not results:
         print(out.stdout[-3000:], out.stderr[-3000:], sep="\n")
         sys.exit(f"route {route}: no test ran (pytest exited {out.returncode})")
+    if route != "baseline" and not routed:
+        # a route that sent nothing through cupy-xarray tested nothing of it
+        sys.exit(f"route {route}: no call was routed through cupy-xarray ({len(results)} tests ran)")
+    print(f"route {route}: {len(results)} tests, {routed or 0} calls routed through cupy-xarray", flush=True)
     return results, seconds
 
 

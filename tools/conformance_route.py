@@ -15,8 +15,10 @@ is routed:
     Dataset of less than 8 MiB is written by xarray from host copies).
 
 Calls made from inside cupy-xarray itself (which opens stores with ``engine="zarr"`` and writes
-metadata with xarray's ``to_zarr``) are never routed. Every test's outcome is appended to the
-JSON-lines file ``CUPY_XARRAY_ROUTE_LOG``.
+metadata with xarray's ``to_zarr``) are never routed: a call is cupy-xarray's where a module
+of the ``cupy_xarray`` package is on the call stack (by module name, not by file path, which
+an environment's name may contain). Every test's outcome is appended to the JSON-lines file
+``CUPY_XARRAY_ROUTE_LOG``, and at the end the number of calls routed (``{"routed": n}``).
 """
 
 from __future__ import annotations
@@ -31,16 +33,23 @@ import pytest
 
 ROUTE = os.environ.get("CUPY_XARRAY_ROUTE", "baseline")
 DEVICE = os.environ.get("CUPY_XARRAY_ROUTE_DEVICE", "cpu")
-_OURS = os.sep + "cupy_xarray" + os.sep
+ROUTED = 0  # calls routed through cupy-xarray in this run
+
+
+def _ours(module: str) -> bool:
+    return module == "cupy_xarray" or module.startswith("cupy_xarray.")
 
 
 def _from_cupy_xarray() -> bool:
-    """Whether cupy-xarray is on the call stack (its own opens and writes stay as they are)."""
+    """Whether cupy-xarray is on the call stack (its own opens and writes stay as they are);
+    where not, the call is counted as routed."""
+    global ROUTED
     frame = sys._getframe(2)
     while frame is not None:
-        if _OURS in frame.f_code.co_filename:
+        if _ours(frame.f_globals.get("__name__", "")):
             return True
         frame = frame.f_back
+    ROUTED += 1
     return False
 
 
@@ -108,6 +117,13 @@ def pytest_configure(config: pytest.Config) -> None:
         _route_writes(small=ROUTE == "engine-writes")
     elif ROUTE != "baseline":
         raise pytest.UsageError(f"CUPY_XARRAY_ROUTE={ROUTE!r}: baseline, reads, writes or engine-writes")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    log = os.environ.get("CUPY_XARRAY_ROUTE_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"routed": ROUTED}) + "\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
