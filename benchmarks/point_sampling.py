@@ -58,11 +58,11 @@ def reader(path: Path, how: str, device: str):
 
         if how == "zarr-gpu":
             with zarr.config.enable_gpu():
-                ds = xr.open_dataset(path, engine="zarr", chunks=None)
+                ds = xr.open_dataset(path, engine="zarr", chunks=None, consolidated=False)
                 out = ds.field.isel({d: xr.DataArray(v, dims="p") for d, v in idx.items()}).values
         else:
             kw = {"engine": "zarr"} if how == "zarr" else {"engine": "kvikio", "device": device}
-            ds = xr.open_dataset(path, chunks=None, **kw)
+            ds = xr.open_dataset(path, chunks=None, consolidated=False, **kw)
             out = ds.field.isel({d: xr.DataArray(v, dims="p") for d, v in idx.items()}).data
         return out.get() if hasattr(out, "get") else np.asarray(out)
 

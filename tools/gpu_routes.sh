@@ -4,6 +4,7 @@
 # the package under BASE= for "base", this checkout for "new", and "now": this checkout with
 # CUPY_XARRAY_SHARE_START=now), at 1 GiB (QUICK_GIB) and, where RECORD_GIB is set, at that size.
 # Usage on the GPU machine:  OUT=/some/dir BASE=/path/to/old/package/parent bash tools/gpu_routes.sh
+# (TESTS= the test files to run with -m gpu; VARIANTS= the engines compared)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=$PWD
@@ -12,7 +13,7 @@ mkdir -p "$OUT"
 ulimit -n 20000 2>/dev/null
 nvidia-smi -L
 [ "${TESTS_S:-150}" = 0 ] || PYTHONPATH=$R:${SITE:-/tmp/site} timeout "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -W ignore \
-  tests/test_share.py tests/test_schedule.py tests/test_engine.py tests/test_gather.py > "$OUT/gpu_tests.log" 2>&1
+  ${TESTS:-tests/test_share.py tests/test_schedule.py tests/test_engine.py tests/test_gather.py} > "$OUT/gpu_tests.log" 2>&1
 tail -3 "$OUT/gpu_tests.log"
 cd benchmarks
 bench() {  # name, size, extra args
