@@ -595,7 +595,7 @@ KEYWORDS = {**DECODING, **OPENING, **READS, **CHECKED}
 def _check_zarr_only(mode: str, store: Any) -> None:
     if mode != "r":
         raise ValueError(
-            f"engine='kvikio' only reads: mode must be 'r', got {mode!r} (write with engine='zarr')"
+            f"engine='kvikio' only reads: mode must be 'r', got {mode!r} (write with ds.cupy.to_zarr(...))"
         )
     if store is not None:
         raise ValueError(
