@@ -38,6 +38,13 @@ def info_lines() -> list[str]:
     from .engine.decoders.nvcomp import describe as nvcomp_c_api
 
     lines.append(f"nvCOMP C API  {nvcomp_c_api()}")
+    from .options import get_options
+
+    try:
+        device = get_options().device
+    except ValueError as exc:
+        device = f"invalid: {exc}"
+    lines.append(f"device        {device} (CUPY_XARRAY_DEVICE or device=: where reads put their arrays)")
     lines.append(f"io threads    {default_threads()} (CUPY_XARRAY_THREADS or threads=)")
     try:
         from .engine.decoders import decode_choice
@@ -54,7 +61,13 @@ def info_lines() -> list[str]:
     rates = f"measured for {', '.join(known)}" if known else f"none measured: built-in figures ({measure})"
     lines.append(f"decode rates  {rates}: {path}")
     if not gpu_available():
-        lines.append("GPU           none available: reads use device='cpu' (NumPy, os.pread)")
+        if device == "cpu":
+            lines.append("GPU           none available: reads use the CPU (device='cpu': NumPy arrays)")
+        else:
+            lines.append(
+                f"GPU           none available: reads with device={device!r} raise NoGPUError; "
+                "pass device='cpu' or set CUPY_XARRAY_DEVICE=cpu to read into NumPy arrays"
+            )
         return lines
     import cupy
 

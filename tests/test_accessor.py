@@ -66,9 +66,11 @@ def test_import_without_cupy_and_info():
         capture_output=True,
         text=True,
         check=True,
+        env={k: v for k, v in os.environ.items() if k != "CUPY_XARRAY_DEVICE"},
     ).stdout
     assert "cupy          not available" in out
-    assert "GPU           none available" in out
+    assert "GPU           none available: reads with device='gpu' raise NoGPUError" in out
+    assert "device        gpu (CUPY_XARRAY_DEVICE" in out
     assert "nvCOMP C API  not used (" in out  # says why, and reading still works
     assert "air ndarray" in out
 
