@@ -610,7 +610,13 @@ def _prepare(kwargs: dict) -> tuple[dict, dict]:
     kwargs.pop("engine", None)
     unknown = sorted(set(kwargs) - set(KEYWORDS))
     if unknown:
-        raise TypeError(f"engine='kvikio' got unknown keyword(s) {', '.join(map(repr, unknown))}")
+        import difflib
+
+        named = []
+        for name in unknown:
+            near = difflib.get_close_matches(name, KEYWORDS, n=1)
+            named.append(f"{name!r} (did you mean {near[0]!r}?)" if near else repr(name))
+        raise TypeError(f"engine='kvikio' got unknown keyword(s) {', '.join(named)}")
     given = {**KEYWORDS, **kwargs}
     _check_zarr_only(given["mode"], given["store"])
     opening = {k: given[k] for k in OPENING}

@@ -464,3 +464,10 @@ def test_string_and_bytes_stores_warn_as_engine_zarr_does(tmp_path):
         seen[engine] = sorted((w.category.__name__, str(w.message)) for w in caught)
         xr.testing.assert_identical(got, ds)
     assert seen["kvikio"] == seen["zarr"], seen
+
+
+def test_an_unknown_keyword_gets_did_you_mean(tmp_path):
+    store = tmp_path / "s.zarr"
+    _ds().to_zarr(store)
+    with pytest.raises(TypeError, match=r"'devise' \(did you mean 'device'\?\), 'zzz'"):
+        xr.open_dataset(store, engine="kvikio", devise="cpu", zzz=1)
