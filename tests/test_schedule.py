@@ -108,7 +108,7 @@ def test_the_pace_seen_moves_the_route(paces, monkeypatch):
     tasks = _tasks(("zstd",), 1024)
     monkeypatch.setattr(observed, "saw_gpu", lambda *a, f=observed.saw_gpu: f(*a) or f(*a))
     monkeypatch.setattr(observed, "saw_pool", lambda *a, f=observed.saw_pool: f(*a) or f(*a))
-    observed.saw_gpu(key, "zstd", 50.0, 1.0)  # nvCOMP took 50x the figures
+    observed.saw_gpu(key, "zstd", 50.0, 1.0)  # nvCOMP took 50x the figures (clipped to 20x)
     assert s.split(tasks, GPU, "zstd").route == "host"
     observed.saw_gpu(key, "blosc-zstd", 1.0, 1.0)  # another chain's pace is its own
     assert s.split(tasks, GPU, "zstd").route == "host"

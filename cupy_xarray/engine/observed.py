@@ -26,9 +26,6 @@ from dataclasses import dataclass
 NEW = 0.5
 #: the most one observation moves a figure (a factor)
 STEP = 3.0
-#: the most nvCOMP's calls may be seen slower than the figures (Blosc's zstd blocks ran 8 to
-#: 30 times slower on an H100 than the figures of its many-stream rate)
-GPU_K_MOST = 100.0
 
 
 @dataclass
@@ -89,7 +86,7 @@ def _learn(
 def saw_gpu(device_key: str, kind: str, seconds: float, predicted: float) -> None:
     """An nvCOMP call took ``seconds`` where the figures said ``predicted``."""
     if seconds > 0 and predicted > 0:
-        _learn(device_key, kind, "gpu_k", seconds / predicted, 0.05, GPU_K_MOST)
+        _learn(device_key, kind, "gpu_k", seconds / predicted, 0.05, 20.0)
 
 
 def saw_pool(device_key: str, kind: str, nbytes: int, seconds: float) -> None:

@@ -11,13 +11,11 @@ from ...options import DECODE_CHOICES, get_options
 from .base import StreamDecoder
 from .deflate import GZIP, ZLIB
 from .lz4 import LZ4_BLOCK, LZ4_PREFIXED
-from .zstd import ZSTD, ZSTD_BLOCK
+from .zstd import ZSTD
 
-STREAMS: dict[str, StreamDecoder] = {
-    d.name: d for d in (ZSTD, GZIP, ZLIB, LZ4_PREFIXED, LZ4_BLOCK, ZSTD_BLOCK)
-}
+STREAMS: dict[str, StreamDecoder] = {d.name: d for d in (ZSTD, GZIP, ZLIB, LZ4_PREFIXED, LZ4_BLOCK)}
 #: Blosc cname (and format name) -> the kind of stream its blocks hold
-BLOSC_STREAMS = {"lz4": "lz4-block", "lz4hc": "lz4-block", "zstd": "zstd-block"}
+BLOSC_STREAMS = {"lz4": "lz4-block", "lz4hc": "lz4-block", "zstd": "zstd"}
 #: the stream size Blosc chunks are modelled at by the scheduler (their blocks' streams)
 BLOCK_STREAM_BYTES = 2**16
 

@@ -147,18 +147,4 @@ class Zstd(StreamDecoder):
         return bytes(NumcodecsZstd(level=1).encode(data))
 
 
-class ZstdBlock(Zstd):
-    """Blosc's zstd blocks: zstd frames, decoded as :class:`Zstd`'s are, at a pace of their own
-    (the scheduler's figures; the blocks are many and small or few and long, as Blosc's block
-    size makes them, and Blosc's layout check and unshuffle add launches per call)."""
-
-    name = "zstd-block"
-    # whole Blosc zstd reads with decode="gpu", 4 MiB chunks of float32 with shuffle: 1.3 to
-    # 2.5 GB/s on an H100 (clevel 1), 9.4 elsewhere (clevel 5); 16 CPU threads: 5.6 to 7.3
-    rates = Rates(0.5e9, 5e9, 0.07e9, 1e-2, host_pool=6.5e9)
-    sample_bytes = 2**16
-    calibrates_gpu = False
-
-
 ZSTD = Zstd()
-ZSTD_BLOCK = ZstdBlock()
