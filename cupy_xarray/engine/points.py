@@ -4,7 +4,7 @@ points on the output's device.
 xarray's vectorized indexing (``ds.isel(x=DataArray(...), y=DataArray(...))``) asks for
 points, not a box: reading the outer box of the indices would read up to N^k chunks for N
 scattered points. Here the points are grouped by the chunk they fall in; each group is one
-outer request of the box its points span inside that chunk (whole along sliced dimensions),
+request of the box its points span inside that chunk (whole along sliced dimensions),
 all requests of a wave go to the engine as one read, and one gather puts the points in order.
 """
 
@@ -60,15 +60,18 @@ def read_points(spec: ArraySpec, key: tuple, read) -> Any:
     wave: list[tuple[tuple, np.ndarray, list[np.ndarray]]] = []
     wave_bytes = 0
     for ids in np.split(order, bounds):
+        # the box the chunk's points span, as slices: read straight into a box of the output
+        # (integer indices would scatter element by element)
         sel, where = [], []
         for f in flat:
-            uniq, pos = np.unique(f[ids], return_inverse=True)
-            sel.append(uniq)
-            where.append(pos.reshape(-1))
+            mine = f[ids]
+            lo = int(mine.min())
+            sel.append(slice(lo, int(mine.max()) + 1))
+            where.append(mine - lo)
         it = iter(sel)
         request = tuple(next(it) if d in adv else slices[d] for d in range(len(shape)))
         wave.append((request, ids, where))
-        wave_bytes += int(np.prod([len(u) for u in sel])) * row
+        wave_bytes += int(np.prod([s.stop - s.start for s in sel])) * row
         if wave_bytes >= WAVE_BYTES:
             result = _gather(spec, wave, read, adv, npoints, lengths, result)
             wave, wave_bytes = [], 0
