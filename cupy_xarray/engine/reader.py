@@ -147,7 +147,7 @@ def _read(read: Read) -> list[Any]:
                     found = _changed(exc)
                     if found is not None and changed < CHANGED_TRIES:
                         changed += 1
-                        time.sleep(0.001 * 2**changed)  # let a writer's burst pass
+                        time.sleep(min(0.001 * 2**changed, 0.05))  # let a writer's burst pass
                         read.again(f"{found.chunk!r} of {found.array!r} was replaced by a writer; read again")
                     elif not is_oom(exc) or not isinstance(device, Device) or not read.smaller_batches(exc):
                         raise
@@ -161,7 +161,7 @@ def _read(read: Read) -> list[Any]:
 
 #: reads started again because a writer replaced a chunk file under them, before the
 #: :class:`~cupy_xarray.errors.ChunkChangedError` is raised
-CHANGED_TRIES = 5
+CHANGED_TRIES = 20
 
 
 def _changed(exc: BaseException) -> ChunkChangedError | None:
