@@ -7,6 +7,7 @@ zarr-python reads back must equal what was written, bitwise."""
 from __future__ import annotations
 
 import filecmp
+import sys
 import zlib
 from pathlib import Path
 
@@ -963,7 +964,8 @@ def test_a_small_dataset_is_written_by_xarray(tmp_path, where):
     with record_writes() as reports:
         data.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
     (report,) = reports
-    assert report.arrays == [] and "written by xarray" in report.notes[0], str(report)
+    assert report.arrays == [] and report.notes[0].startswith("small: "), str(report)
+    assert str(report).startswith("written by xarray from host copies: "), str(report)
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
     assert ds.nbytes < dataset.SMALL_WRITE_BYTES
     big = _dataset("f4", (8, 512, 600), holes=False)  # 9.8 MB
@@ -1395,3 +1397,20 @@ def test_sixteen_threads_making_a_process_first_writes_at_once(tmp_path, data):
             text=True,
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_write_xarray_makes_has_a_report_that_says_why(tmp_path, monkeypatch):
+    ds = _dataset("f4", (8, 512, 600), holes=False)  # larger than a small write
+    with record_writes() as reports:
+        ds.cupy.to_zarr(zarr.storage.MemoryStore(), zarr_format=3)
+    (report,) = reports
+    assert report.arrays == [] and "not a local path" in report.notes[0]
+    assert str(report).startswith("written by xarray from host copies: ")
+    monkeypatch.setitem(sys.modules, "dask.array", None)  # as where dask is not installed
+    with record_writes() as reports:
+        ds.cupy.to_zarr(tmp_path / "x.zarr", consolidated=False)
+    (report,) = reports
+    assert "dask is not installed" in report.notes[0] and sorted(report.by_xarray) == sorted(
+        map(str, ds.variables)
+    )
+    xr.testing.assert_identical(xr.open_dataset(tmp_path / "x.zarr", engine="zarr", consolidated=False), ds)

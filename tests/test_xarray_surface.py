@@ -234,7 +234,9 @@ def test_use_zarr_fill_value_as_mask_and_cache_members(tmp_path, device, mask):
 def test_write_modes_and_store_objects_are_refused(tmp_path):
     store = tmp_path / "s.zarr"
     _ds().to_zarr(store)
-    with pytest.raises(ValueError, match=r"only reads: mode must be 'r', got 'a' \(write with ds.cupy.to_zarr"):
+    with pytest.raises(
+        ValueError, match=r"only reads: mode must be 'r', got 'a' \(write with ds.cupy.to_zarr"
+    ):
         xr.open_dataset(store, engine="kvikio", device="cpu", mode="a")
     with pytest.raises(ValueError, match="opens its own stores"):
         xr.open_dataset(store, engine="kvikio", device="cpu", store=object())

@@ -69,6 +69,9 @@ class WriteReport:
         self.by_xarray += [n for n in other.by_xarray if n not in self.by_xarray]
 
     def __str__(self) -> str:
+        if not self.arrays and self.by_xarray:
+            notes = "".join(f"; {n}" for n in self.notes)
+            return f"written by xarray from host copies: {', '.join(self.by_xarray)}{notes}"
         return (
             f"write of {', '.join(self.arrays) or 'nothing'} ({self.encoder}): {self.chunks} chunks, "
             f"{self.empty} left out (fill value only), {self.nbytes / 2**20:.1f} MiB -> "

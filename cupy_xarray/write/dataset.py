@@ -145,28 +145,30 @@ def _placeholder(var: xr.Variable, encoding: dict | None) -> xr.Variable:
     return out
 
 
-def _kind(root: Path | None, kwargs: dict) -> str | None:
+def _kind(root: Path | None, kwargs: dict) -> tuple[str | None, str]:
     """What the engine may write chunks for in this ``to_zarr`` call on a local path:
     ``"new"`` (a new store), ``"append"`` (``append_dim``), ``"region"`` (``region=`` of
-    slices); None where xarray writes everything (remote stores, ``mode="a"`` without
-    ``append_dim``, ``region="auto"``)."""
+    slices); None where xarray writes everything, with why (a note for the write's report)."""
     if root is None:
-        return None
+        return None, "not a local path (a remote or in-memory store): the engine writes chunk files"
     if kwargs.get("storage_options") or kwargs.get("chunkmanager_store_kwargs"):
-        return None
+        return None, "storage_options or chunkmanager_store_kwargs given"
     try:
         import dask.array  # noqa: F401 - the placeholders that let xarray write metadata only
     except ImportError:
-        return None
+        return None, "dask is not installed (pip install 'dask[array]'; the GPU extras bring it)"
     mode, region, append_dim = kwargs.get("mode"), kwargs.get("region"), kwargs.get("append_dim")
     if region is None and append_dim is None:
-        return "new" if mode in (None, "w", "w-") else None
+        if mode in (None, "w", "w-"):
+            return "new", ""
+        return None, f"mode={mode!r} without append_dim or region"
     if region is None and mode in (None, "a"):
-        return "append"
+        return "append", ""
     if append_dim is None and mode in (None, "r+", "a") and isinstance(region, dict):
-        ok = all(isinstance(s, slice) and s.step in (None, 1) for s in region.values())
-        return "region" if ok else None
-    return None
+        if all(isinstance(s, slice) and s.step in (None, 1) for s in region.values()):
+            return "region", ""
+        return None, "a region of other than unit-step slices"
+    return None, "this combination of mode, region and append_dim"
 
 
 #: ZarrStore.open_group's argument that leaves the group's members unlisted (as xarray's own
@@ -377,10 +379,12 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
         return ds.assign({n: _host(v) for n, v in ds.variables.items() if _on_gpu(v._data)}).to_zarr(
             store, **kwargs
         )
-    kind = _kind(root, kwargs)
+    kind, why = _kind(root, kwargs)
     encodings = kwargs.get("encoding") or {}
     node = _plan(ds, root, (kwargs.get("group") or "").strip("/"), kind, encodings, kwargs)
     if not (node.fast or node.blocks or node.lazy):
+        why = why or "no variable the engine writes (see the writing guide)"
+        file(_recorders, WriteReport(notes=[why], by_xarray=[str(n) for n in ds.variables]))
         return node.template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
     kwargs["encoding"] = node.encoding(encodings)
@@ -423,7 +427,10 @@ def _small(ds: xr.Dataset) -> str | None:
     nbytes = sum(int(v.nbytes) for v in ds.variables.values())
     if nbytes >= SMALL_WRITE_BYTES:
         return None
-    return f"{nbytes} bytes, fewer than {SMALL_WRITE_BYTES}: written by xarray from host copies"
+    return (
+        f"small: {nbytes / 2**20:.1f} MiB, less than the {SMALL_WRITE_BYTES / 2**20:.0f} MiB for "
+        "which the engine's start pays"
+    )
 
 
 def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
@@ -431,9 +438,9 @@ def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
     chunks of every group's variables written as a Dataset's are."""
     _import_once()
     root = _local_root(store)
-    kind = _kind(root, kwargs)
-    if kind != "new":  # xarray writes trees new only, or into existing groups' regions
-        kind = None
+    kind, why = _kind(root, kwargs)
+    if kind not in (None, "new"):  # xarray writes trees new only, or into existing groups' regions
+        kind, why = None, "a DataTree is written by the engine only into a new store"
     encodings = kwargs.get("encoding") or {}
     nodes = []
     for rel, sub in tree.subtree_with_keys:
@@ -443,6 +450,9 @@ def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
         nodes.append(_plan(ds, root, path, kind, encodings.get(sub.path, {}), kwargs))
     template = xr.DataTree.from_dict({"/" + n.path: n.template for n in nodes})
     if not any(n.fast or n.blocks or n.lazy for n in nodes):
+        why = why or "no variable the engine writes (see the writing guide)"
+        names = [f"{n.path}/{v}" if n.path else str(v) for n in nodes for v in n.template.variables]
+        file(_recorders, WriteReport(notes=[why], by_xarray=names))
         return template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
     by_path = {"/" + n.path: n for n in nodes}
