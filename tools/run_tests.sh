@@ -5,10 +5,14 @@
 # conformance run of xarray's own Zarr tests (tools/conformance.py).
 # GPU tests skip cleanly where no CUDA device is available.
 # --quick: the newest Python alone, ruff and pytest, no conformance run and no docs build.
+# --smoke: the newest Python alone with the package and pytest only: the docs examples, and a
+#          read and a write round trip per device (about two minutes on two cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
+smoke=0
+[ "${1:-}" = "--smoke" ] && { smoke=1; quick=1; }
 versions="3.11 3.12"
 [ $quick -eq 1 ] && versions="3.12 3.11"  # the newest found first; only it runs
 pythons=()
@@ -25,6 +29,21 @@ status=0
 summary=()
 # pip's output less setuptools' banner about editable installs (the tests import the checkout)
 quiet() { awk '/BuildBackendWarning: Editable installation/{skip=1} skip&&/with strategy, WheelFile/{skip=0; next} !skip && !/^WARNING: Location/'; }
+if [ $smoke -eq 1 ]; then
+  py=${pythons[0]}
+  venv=$(mktemp -d /tmp/cupy-xarray-venv.XXXXXX)
+  echo "== smoke run: $("$py" --version), in a fresh virtual environment (removed afterwards)"
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q -e . pytest "dask[array]" 2>&1 | quiet || true
+  set +e
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
+    tests/test_docs_examples.py tests/test_smoke.py
+  rc=$?
+  set -e
+  rm -rf "$venv"
+  [ $rc -eq 0 ] && echo "smoke run green" || echo "smoke run FAILED (pytest exited $rc)"
+  exit $rc
+fi
 for py in "${pythons[@]}"; do
   venv=$(mktemp -d /tmp/cupy-xarray-venv.XXXXXX)
   echo "== $("$py" --version), in a fresh virtual environment (removed afterwards)"
