@@ -1,11 +1,12 @@
 """Every setting of the engine in one place, and ``set_options`` to change them for a while.
 
-The defaults come from the environment (``CUPY_XARRAY_<NAME>``, read here once, at import)
-and otherwise from the table below. :func:`set_options` changes them for the code inside its
-``with`` block, in the calling thread (and in the engine's own worker threads while that code
-reads); other threads and other reads keep theirs, so concurrent reads never see each
-other's settings. A lazily opened dataset keeps the settings in effect when it was opened,
-so its dask tasks read the same way on any thread or worker::
+The defaults come from the environment (``CUPY_XARRAY_<NAME>`` for every setting, read once,
+when settings are first needed) and otherwise from the table below. :func:`set_options`
+changes them for the code inside its ``with`` block, in the calling thread (and in the
+engine's own worker threads while that code reads); other threads and other reads keep
+theirs, so concurrent reads never see each other's settings. A lazily opened dataset keeps
+the settings in effect when it was opened, so its dask tasks read the same way on any
+thread or worker::
 
     with cupy_xarray.set_options(decode="cpu", remote_timeout=10):
         ds = xr.open_dataset("s3://bucket/data.zarr", engine="kvikio")
@@ -101,29 +102,10 @@ class Options:
         return max(1, self.threads) if self.threads else min(32, max(4, cores()))
 
 
-#: environment variable -> field, for the settings that have one
-ENVIRONMENT = {
-    "CUPY_XARRAY_DEVICE": "device",
-    "CUPY_XARRAY_DECODE": "decode",
-    "CUPY_XARRAY_THREADS": "threads",
-    "CUPY_XARRAY_DECODE_THREADS": "decode_threads",
-    "CUPY_XARRAY_PROFILE": "profile",
-    "CUPY_XARRAY_CALIBRATE": "calibrate",
+#: environment variable -> field: ``CUPY_XARRAY_<FIELD>`` for every field, and the older
+#: short names kept
+ENVIRONMENT = {f"CUPY_XARRAY_{f.name.upper()}": f.name for f in fields(Options)} | {
     "CUPY_XARRAY_CACHE": "cache_dir",
-    "CUPY_XARRAY_DECODE_TIMEOUT": "decode_timeout",
-    "CUPY_XARRAY_NVCOMP_C": "nvcomp_c",
-    "CUPY_XARRAY_DECODER_PROCESS": "decoder_process",
-    "CUPY_XARRAY_GATHER": "gather",
-    "CUPY_XARRAY_DECODER_TIMEOUT": "decoder_timeout",
-    "CUPY_XARRAY_ARENA_LINGER": "arena_linger",
-    "CUPY_XARRAY_MAX_CHUNK_BYTES": "max_chunk_bytes",
-    "CUPY_XARRAY_REMOTE_TIMEOUT": "remote_timeout",
-    "CUPY_XARRAY_REMOTE_RETRIES": "remote_retries",
-    "CUPY_XARRAY_REMOTE_CONCURRENCY": "remote_concurrency",
-    "CUPY_XARRAY_THREADED_HTTP": "threaded_http",
-    "CUPY_XARRAY_HTTP_THREADS": "http_threads",
-    "CUPY_XARRAY_SHARE_START": "share_start",
-    "CUPY_XARRAY_SHARE_MARGIN": "share_margin",
 }
 
 _TYPES = {f.name: f.type for f in fields(Options)}
@@ -184,10 +166,37 @@ def _check(options: Options, source: str) -> Options:
     return options
 
 
+#: variables of the package's name that are not settings (the docs build's, the tests')
+NOT_SETTINGS = frozenset({"CUPY_XARRAY_DOCS_OFFLINE", "CUPY_XARRAY_EXAMPLES", "CUPY_XARRAY_HYPOTHESIS_SEED"})
+
+
+def unknown_variables(environ: dict) -> list[str]:
+    """``CUPY_XARRAY_*`` variables of ``environ`` that name no setting, each with the nearest
+    one where there is one."""
+    import difflib
+
+    found = []
+    for var in sorted(environ):
+        if var.startswith("CUPY_XARRAY_") and var not in ENVIRONMENT and var not in NOT_SETTINGS:
+            close = difflib.get_close_matches(var, list(ENVIRONMENT), n=1)
+            found.append(f"{var} (did you mean {close[0]}?)" if close else var)
+    return found
+
+
 def from_environment(environ: dict | None = None) -> Options:
     """The defaults with the ``CUPY_XARRAY_*`` variables of ``environ`` (default: this
-    process's) applied."""
+    process's) applied. A variable that names no setting is warned about; a bad value raises
+    ValueError naming the variable."""
     environ = os.environ if environ is None else environ
+    unknown = [v for v in unknown_variables(environ) if not v.startswith(_PRIVATE)]
+    if unknown:
+        import warnings
+
+        warnings.warn(
+            f"environment variable(s) that name no cupy-xarray setting, ignored: {', '.join(unknown)}",
+            UserWarning,
+            stacklevel=3,
+        )
     found = {}
     for var, name in ENVIRONMENT.items():
         if var in environ:
@@ -198,13 +207,22 @@ def from_environment(environ: dict | None = None) -> Options:
     return _check(Options(**found), "from the environment")
 
 
-_DEFAULTS = from_environment()
-_current: contextvars.ContextVar[Options] = contextvars.ContextVar("cupy_xarray_options", default=_DEFAULTS)
+#: variables the package reads elsewhere (its benchmarks', the conformance tool's)
+_PRIVATE = ("CUPY_XARRAY_ROUTE", "CUPY_XARRAY_FIRST_WRITE_RUNS")
+
+_current: contextvars.ContextVar[Options | None] = contextvars.ContextVar("cupy_xarray_options", default=None)
+
+
+@functools.cache
+def _defaults() -> Options:
+    # read at first use, not at import: a bad variable is named where settings are first
+    # needed, and ``import cupy_xarray`` itself never fails for one (a failure is not cached)
+    return from_environment()
 
 
 def get_options() -> Options:
     """The settings in effect here (this thread, this ``set_options`` block)."""
-    return _current.get()
+    return _current.get() or _defaults()
 
 
 class set_options:  # noqa: N801 - a function-like context manager, as xarray.set_options

@@ -473,3 +473,34 @@ def test_an_unknown_keyword_gets_did_you_mean(tmp_path):
     _ds().to_zarr(store)
     with pytest.raises(TypeError, match=r"'devise' \(did you mean 'device'\?\), 'zzz'"):
         xr.open_dataset(store, engine="kvikio", devise="cpu", zzz=1)
+
+
+def test_every_setting_has_an_environment_variable():
+    import dataclasses
+
+    from cupy_xarray.options import ENVIRONMENT, Options, from_environment
+
+    for f in dataclasses.fields(Options):
+        assert ENVIRONMENT[f"CUPY_XARRAY_{f.name.upper()}"] == f.name
+    got = from_environment({"CUPY_XARRAY_MEMORY_SHARE": "0.3", "CUPY_XARRAY_GATHER_WAIT": "0.01"})
+    assert got.memory_share == 0.3 and got.gather_wait == 0.01
+    with pytest.warns(
+        UserWarning, match=r"CUPY_XARRAY_MEMORY_SHAR \(did you mean CUPY_XARRAY_MEMORY_SHARE\?\)"
+    ):
+        assert from_environment({"CUPY_XARRAY_MEMORY_SHAR": "0.3"}).memory_share == 0.5
+
+
+def test_a_bad_variable_is_named_at_first_use_not_at_import():
+    import subprocess
+    import sys
+
+    code = (
+        "import cupy_xarray, xarray as xr\n"
+        "from cupy_xarray.sample import sample_path\n"
+        "print('imported')\n"
+        "xr.open_dataset(sample_path(), engine='kvikio', device='cpu')\n"
+    )
+    env = {**os.environ, "CUPY_XARRAY_THREADS": "many"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode != 0 and done.stdout.startswith("imported")
+    assert "threads must be int or None, got 'many' (CUPY_XARRAY_THREADS)" in done.stderr
