@@ -167,7 +167,16 @@ def _check(options: Options, source: str) -> Options:
 
 
 #: variables of the package's name that are not settings (the docs build's, the tests')
-NOT_SETTINGS = frozenset({"CUPY_XARRAY_DOCS_OFFLINE", "CUPY_XARRAY_EXAMPLES", "CUPY_XARRAY_HYPOTHESIS_SEED"})
+NOT_SETTINGS = frozenset(
+    {
+        "CUPY_XARRAY_DOCS_OFFLINE",
+        "CUPY_XARRAY_EXAMPLES",
+        "CUPY_XARRAY_HYPOTHESIS_SEED",
+        "CUPY_XARRAY_DAMAGE_CASES",
+        "CUPY_XARRAY_DAMAGE_JSON",
+        "CUPY_XARRAY_BENCH_COMMIT",
+    }
+)
 
 
 def unknown_variables(environ: dict) -> list[str]:
