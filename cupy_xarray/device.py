@@ -35,7 +35,13 @@ def import_cupy():
     try:
         import cupy
     except ImportError as exc:  # pragma: no cover - depends on the machine
-        raise MissingGPUPackageError(f"cupy is not installed; {EXTRA_HINT}") from exc
+        # the cause is in the message: the chained traceback would only double its length
+        why = (
+            "cupy is not installed"
+            if isinstance(exc, ModuleNotFoundError)
+            else f"cupy cannot be imported ({exc})"
+        )
+        raise MissingGPUPackageError(f"{why}; {EXTRA_HINT}") from None
     return cupy
 
 

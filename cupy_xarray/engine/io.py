@@ -401,7 +401,12 @@ class KvikioIO:
         except ImportError as exc:
             from ..errors import EXTRA_HINT, MissingGPUPackageError
 
-            raise MissingGPUPackageError(f"kvikio is not installed; {EXTRA_HINT}") from exc
+            why = (
+                "kvikio is not installed"
+                if isinstance(exc, ModuleNotFoundError)
+                else f"kvikio cannot be imported ({exc})"
+            )
+            raise MissingGPUPackageError(f"{why}; {EXTRA_HINT}") from None
         _kvikio_enter(threads)
         try:
             yield _KvikioSession(threads)
