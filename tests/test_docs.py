@@ -86,3 +86,53 @@ def test_the_patterns_catch_what_they_are_for():
     assert PRIVATE.search("see `engine/schedule.py`") and PRIVATE.search("cupy_xarray.engine.read_arrays")
     assert not PRIVATE.search("cupy_xarray.backend.KvikioBackendEntrypoint and cupy_xarray.errors.ChunkError")
     assert PROCESS.search("an A/B run") and LINK.search("[docs](https://example.org/x)")
+
+
+def _prose_units(text: str) -> list[str]:
+    """A page's paragraphs and list items, code blocks, tables, headings and labels left out."""
+    units, fence, cur = [], False, []
+    for line in text.splitlines():
+        st = line.strip()
+        if st.startswith("```"):
+            fence = not fence
+            continue
+        if fence:
+            continue
+        if not st or st.startswith(("|", "<!--", "#", "{", ":")) or re.fullmatch(r"\(.*\)=", st):
+            if cur:
+                units.append(" ".join(cur))
+                cur = []
+            continue
+        if re.match(r"([-*]|\d+\.)\s", st) and cur:
+            units.append(" ".join(cur))
+            cur = []
+        cur.append(st)
+    if cur:
+        units.append(" ".join(cur))
+    return units
+
+
+def sentence_lengths(text: str) -> list[int]:
+    """Words per sentence of a page's prose (inline code counts as one word)."""
+    lengths = []
+    for unit in _prose_units(text):
+        unit = re.sub(r"`[^`]*`", "X", unit)
+        unit = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", unit)
+        unit = re.sub(r"^([-*]|\d+\.)\s+", "", unit)
+        for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z(`*\[X])", unit):
+            if len(sentence.split()) > 2:
+                lengths.append(len(sentence.split()))
+    return lengths
+
+
+@pytest.mark.parametrize("page", [p for p in USER_PAGES if p.name != "api.md"], ids=lambda p: p.name)
+def test_the_user_pages_speak_in_short_sentences(page):
+    lengths = sentence_lengths(page.read_text())
+    assert lengths and sum(lengths) / len(lengths) <= 25, (page.name, sum(lengths) / len(lengths))
+
+
+def test_the_user_pages_do_not_narrate_measurements():
+    narration = re.compile(r"within an hour|\bcampaign\b|in our tests|\bof \d+ small reads\b", re.IGNORECASE)
+    for page in USER_PAGES:
+        found = narration.findall(page.read_text())
+        assert not found, (page.name, found)
