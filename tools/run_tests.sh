@@ -51,9 +51,11 @@ for py in "${pythons[@]}"; do
   "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | quiet || true
   "$venv/bin/python" -m pip install -q -e ".[test,notebooks]" 2>&1 | quiet || true
   "$venv/bin/python" -c "import zarr, xarray; print('zarr', zarr.__version__, 'xarray', xarray.__version__)"
+  echo "-- ruff"
   "$venv/bin/python" -m ruff check cupy_xarray tests benchmarks || status=1
   set +e
   log=$(mktemp)
+  echo "-- pytest: every test file (a dot per test, the share done at the end of each line)"
   "$venv/bin/python" -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
   gpu=$("$venv/bin/python" -m pytest -q -p no:cacheprovider -m gpu --collect-only tests 2>/dev/null | tail -1)
@@ -65,6 +67,7 @@ for py in "${pythons[@]}"; do
   [ $rc -eq 0 ] || { echo "pytest exited $rc on $py"; status=1; }
   if [ "$py" = "${pythons[-1]}" ] && [ $quick -eq 0 ]; then
     # xarray's own Zarr tests, unrouted and routed through the package (docs/contributing.md)
+    echo "-- conformance: xarray's own Zarr tests, four routes (a line after each, about 10 minutes in all)"
     if "$venv/bin/python" tools/conformance.py; then
       summary+=("conformance ($("$py" --version)): 0 unexplained failures")
     else
@@ -72,6 +75,7 @@ for py in "${pythons[@]}"; do
       summary+=("conformance ($("$py" --version)): FAILED")
     fi
     # the docs, warnings as errors (offline: no intersphinx inventories without internet)
+    echo "-- docs build"
     "$venv/bin/python" -m pip install -q -e ".[docs]" 2>&1 | quiet || true
     CUPY_XARRAY_DOCS_OFFLINE=1 "$venv/bin/python" -m sphinx -W --keep-going -q -b html docs docs/_build/html \
       && echo "docs built: docs/_build/html" || { echo "docs build failed"; status=1; }
