@@ -1414,3 +1414,21 @@ def test_a_write_xarray_makes_has_a_report_that_says_why(tmp_path, monkeypatch):
         map(str, ds.variables)
     )
     xr.testing.assert_identical(xr.open_dataset(tmp_path / "x.zarr", engine="zarr", consolidated=False), ds)
+
+
+def test_the_package_writes_without_zarrs_consolidation_warning_and_leaves_the_filters(tmp_path):
+    import warnings
+
+    from conftest import run_in_threads
+
+    ds = _dataset("f4", (8, 512, 600), holes=False)  # written by the engine
+    before = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ds.cupy.to_zarr(tmp_path / "ours.zarr", zarr_format=3)
+        ours = [str(w.message) for w in seen if "Consolidated metadata" in str(w.message)]
+        ds.to_zarr(tmp_path / "xarray.zarr", zarr_format=3)  # xarray's own write still says it
+        theirs = [str(w.message) for w in seen if "Consolidated metadata" in str(w.message)]
+    assert ours == [] and len(theirs) == 1
+    errors = run_in_threads(lambda k: ds.cupy.to_zarr(tmp_path / f"t{k}.zarr", zarr_format=3), 8)
+    assert errors == [] and warnings.filters == before

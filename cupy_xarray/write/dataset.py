@@ -22,6 +22,7 @@ import inspect
 import os
 import threading
 import uuid
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -388,8 +389,24 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
         return node.template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
     kwargs["encoding"] = node.encoding(encodings)
-    node.template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
+    with _quiet_consolidation():
+        node.template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
     return _write_chunks(root, store, [node], kind, compute, kwargs)
+
+
+_quieting = threading.Lock()
+
+
+@contextlib.contextmanager
+def _quiet_consolidation():
+    """Without zarr's warning, at each consolidation of a v3 store, that consolidated metadata
+    is not in the v3 specification: for the metadata this package writes through xarray
+    before its own chunks (a user's ``to_zarr`` of that store says it). Python's warning
+    filters are the process's, not a thread's: the filter is held under a lock, for the
+    metadata write alone, so that writes in several threads cannot leave it behind."""
+    with _quieting, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+        yield
 
 
 _imported = threading.Event()
@@ -459,7 +476,8 @@ def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
     kwargs["encoding"] = {  # (a group the tree lacks: xarray says so)
         group: by_path[group].encoding(enc) if group in by_path else enc for group, enc in encodings.items()
     }
-    template.to_zarr(store, compute=False, **kwargs)
+    with _quiet_consolidation():
+        template.to_zarr(store, compute=False, **kwargs)
     return _write_chunks(root, store, nodes, kind, compute, kwargs)
 
 
