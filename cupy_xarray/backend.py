@@ -23,7 +23,7 @@ from xarray.core.variable import Variable
 
 from .cf import device_agnostic, find_backend_array
 from .containment import Containment
-from .device import Device, PrototypeDevice, resolve_device, start_gpu
+from .device import Device, PrototypeDevice, import_cupy, resolve_device, start_gpu
 from .engine import array_spec, read_arrays
 from .engine.decoders import decode_choice
 from .engine.plan import normalize_selection
@@ -551,6 +551,8 @@ def read_settings(device: Any, threads: Any, batch_bytes: Any, decode: str | Non
             start_gpu(resolved.xp, carried(functools.partial(warm_engine, resolved.threads)))
     else:
         resolve_device(device, threads)  # None, 0, False ...: refused now, not at the first load
+        if getattr(getattr(device, "buffer", None), "__module__", "").startswith("zarr.core.buffer.gpu"):
+            import_cupy()  # zarr's GPU buffers need cupy: say so now, not at the first load
     return ReadSettings(device, threads, batch_bytes, decode)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -322,7 +324,9 @@ def test_a_gpu_prototype_without_a_gpu_blames_the_machine_not_the_data():
     from cupy_xarray.errors import NoGPUError
     from cupy_xarray.sample import sample_path
 
-    ds = xr.open_dataset(sample_path(), engine="kvikio", device=gpu.buffer_prototype)
     with pytest.raises(NoGPUError) as info:
-        ds.load()
+        xr.open_dataset(sample_path(), engine="kvikio", device=gpu.buffer_prototype).load()
     assert "corrupt" not in str(info.value)
+    if importlib.util.find_spec("cupy") is None:  # said at open, not at the first load
+        with pytest.raises(NoGPUError, match="cupy is not installed"):
+            xr.open_dataset(sample_path(), engine="kvikio", device=gpu.buffer_prototype)
