@@ -550,8 +550,8 @@ def read_settings(device: Any, threads: Any, batch_bytes: Any, decode: str | Non
             # (with the settings in effect here: decoder_process="off" starts no decoder process)
             start_gpu(resolved.xp, carried(functools.partial(warm_engine, resolved.threads)))
     else:
-        resolve_device(device, threads)  # None, 0, False ...: refused now, not at the first load
-        if getattr(getattr(device, "buffer", None), "__module__", "").startswith("zarr.core.buffer.gpu"):
+        resolved = resolve_device(device, threads)  # None, 0, False ...: refused now, not at the first load
+        if isinstance(resolved, PrototypeDevice) and resolved.gpu:
             import_cupy()  # zarr's GPU buffers need cupy: say so now, not at the first load
     return ReadSettings(device, threads, batch_bytes, decode)
 

@@ -197,6 +197,11 @@ class PrototypeDevice:
     prototype: Any
     name: str = "prototype"
 
+    @property
+    def gpu(self) -> bool:
+        """Whether the prototype's buffers are GPU memory (zarr's ``gpu`` buffers: cupy)."""
+        return getattr(self.prototype.nd_buffer, "__module__", "").endswith(".gpu")
+
 
 def empty_on(device: Device | PrototypeDevice, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     """An uninitialized array of ``device``'s array type (NumPy for dtypes cupy lacks)."""

@@ -21,7 +21,6 @@ from . import batches as cut
 from . import host, observed
 from .buffers import side_stream
 from .decoders import decode_group, prepare_group, prepares, stream_kind, while_decoding
-from .io import ReadOp
 from .place import bytes_of, copy_twins, host_twins, place_group, plan_boxes
 from .read import Read
 from .schedule import device_key, pace_key
@@ -40,11 +39,7 @@ def _submit(session: Any, batch: list[ChunkTask], read: Read, size: int, slots=N
         t.staging = staging
         t.data = staging[off : off + t.nbytes]
         t.stage = off
-        ops.append(
-            ReadOp(
-                t.path, t.offset, t.nbytes, t.data, t.spec.name, t.key, t.blob, t.spec.containment, t.ident
-            )
-        )
+        ops.append(t.read_op(t.offset, t.nbytes, t.data))
     flat: dict[int, Any] = {}
     for t in batch:
         if t.direct is not None:
@@ -52,9 +47,7 @@ def _submit(session: Any, batch: list[ChunkTask], read: Read, size: int, slots=N
             if t.out not in flat:
                 flat[t.out] = bytes_of(read.outs[t.out])
             dest = flat[t.out][out_off : out_off + n]
-            ops.append(
-                ReadOp(t.path, file_off, n, dest, t.spec.name, t.key, t.blob, t.spec.containment, t.ident)
-            )
+            ops.append(t.read_op(file_off, n, dest))
     return session.submit(ops)
 
 

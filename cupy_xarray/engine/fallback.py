@@ -83,7 +83,7 @@ def zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevic
 def _check_prototype(device: PrototypeDevice) -> None:
     """A GPU ``BufferPrototype`` needs cupy and a GPU: say so, rather than let zarr-python's
     failure read as a corrupt chunk."""
-    if not getattr(device.prototype.nd_buffer, "__module__", "").endswith(".gpu"):
+    if not device.gpu:
         return
     from ..device import require_gpu
 

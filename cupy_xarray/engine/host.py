@@ -38,7 +38,7 @@ import numpy as np
 from ..options import Options, carried
 from .buffers import thread_buffer
 from .decoders import decode_on_host
-from .io import ReadOp, _pread_into, blob_bytes, first_error, run_now
+from .io import _pread_into, blob_bytes, first_error, run_now
 from .place import place_fetched, place_from_host
 from .tasks import ChunkTask
 
@@ -65,7 +65,7 @@ def host_device(device: Any) -> Any:
 
 def fetched_bytes(task: ChunkTask, offset: int, size: int) -> np.ndarray:
     """``size`` of a task's fetched bytes from ``offset``."""
-    return blob_bytes(ReadOp(task.path, offset, size, None, task.spec.name, task.key, task.blob))
+    return blob_bytes(task.read_op(offset, size))
 
 
 def _timed_job(task: ChunkTask, out: Any, device: Any, jobs: Jobs) -> None:
@@ -90,9 +90,7 @@ def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
         # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
         stored = thread_buffer("stored", task.nbytes, pinned=gpu and not recipe.bytes_codecs)
         if hi > lo:
-            op = ReadOp(task.path, task.offset + lo, hi - lo, stored[lo:hi], task.spec.name, task.key)
-            op.containment, op.ident = task.spec.containment, task.ident
-            _pread_into(op)
+            _pread_into(task.read_op(task.offset + lo, hi - lo, stored[lo:hi]))
     t1 = time.perf_counter()
     data = stored
     if recipe.bytes_codecs:
@@ -121,9 +119,7 @@ def _direct_job(task: ChunkTask, out: Any, device: Any) -> None:
     file_off, n, dst = task.direct
     if not n:
         return
-    op = ReadOp(
-        task.path, file_off, n, None, task.spec.name, task.key, task.blob, task.spec.containment, task.ident
-    )
+    op = task.read_op(file_off, n)
     if device.name != "gpu":
         op.dest = out.reshape(-1).view(np.uint8)[dst : dst + n]
         _pread_into(op)

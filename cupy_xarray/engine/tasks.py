@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ChunkError
 from .decoders.base import Box
+from .io import ReadOp
 from .plan import ChunkPiece, byte_span
 from .spec import ArraySpec
 
@@ -110,6 +111,21 @@ class ChunkTask:
         if self.span is None:
             self.span = byte_span(self.spec.recipe, self.piece.chunk_sel)
         return self.span
+
+    def read_op(self, offset: int, nbytes: int, dest: Any = None) -> ReadOp:
+        """A read of ``nbytes`` of this piece's stored bytes at ``offset`` (of its file, or of
+        its fetched bytes) into ``dest``, checked against the file it was located in."""
+        return ReadOp(
+            self.path,
+            offset,
+            nbytes,
+            dest,
+            self.spec.name,
+            self.key,
+            self.blob,
+            self.spec.containment,
+            self.ident,
+        )
 
     def error(self, msg: str) -> ChunkError:
         """A ChunkError naming this task's array, chunk and file."""
