@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .plan import normalize_selection
+from .plan import normalize_selection, output_shape
 from .spec import ArraySpec
 
 #: output bytes of the chunk boxes read at once (a wave); the points themselves are gathered
@@ -33,17 +33,19 @@ def read_points(spec: ArraySpec, key: tuple, read) -> Any:
     adv = [d for d, k in enumerate(key) if not isinstance(k, slice)]
     if not adv:
         return read([(spec, key)])[0]
-    arrays = np.broadcast_arrays(*(np.asarray(key[d]) for d in adv))
-    pshape = arrays[0].shape if arrays else ()
-    flat = []
-    for d, a in zip(adv, arrays):
-        a = a.reshape(-1)
+    arrays = dict(zip(adv, np.broadcast_arrays(*(np.asarray(key[d]) for d in adv))))
+    pshape = arrays[adv[0]].shape
+    for d, a in arrays.items():
         if a.size and a.dtype.kind not in "iu":
             raise IndexError(f"axis {d}: point indices must be integers, got {a.dtype}")
-        flat.append(normalize_selection((a,), (shape[d],))[0])  # bounds checked, made >= 0
-    sliced = [d for d in range(len(shape)) if d not in adv]
-    slices = {d: normalize_selection((key[d],), (shape[d],))[0] for d in sliced}
-    lengths = tuple(_length(slices[d]) for d in sliced)
+    # bounds checked, indices made >= 0, slices made positive-step (or index arrays)
+    norm = normalize_selection(
+        tuple(arrays[d].reshape(-1) if d in arrays else k for d, k in enumerate(key)), shape
+    )
+    flat = [norm[d] for d in adv]
+    sliced = [d for d in range(len(shape)) if d not in arrays]
+    slices = {d: norm[d] for d in sliced}
+    lengths = output_shape(tuple(slices[d] for d in sliced), tuple(shape[d] for d in sliced))
     npoints = int(np.prod(pshape, dtype=np.int64))
     if npoints == 0 or 0 in lengths:
         out = read(
@@ -78,10 +80,6 @@ def read_points(spec: ArraySpec, key: tuple, read) -> Any:
     if wave:
         result = _gather(spec, wave, read, adv, npoints, lengths, result)
     return result.reshape(pshape + lengths)
-
-
-def _length(s) -> int:
-    return len(range(s.start, s.stop, s.step)) if isinstance(s, slice) else len(s)
 
 
 def _gather(spec, wave, read, adv, npoints, lengths, result):
