@@ -376,7 +376,7 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     _refuse_overwriting_a_source(ds, root, kwargs)
     small = _small(ds)
     if small is not None:  # the engine's start costs more than it saves
-        file(_recorders, WriteReport(notes=[small], by_xarray=[str(n) for n in ds.variables]))
+        _by_xarray([str(n) for n in ds.variables], small)
         return ds.assign({n: _host(v) for n, v in ds.variables.items() if _on_gpu(v._data)}).to_zarr(
             store, **kwargs
         )
@@ -384,14 +384,19 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
     encodings = kwargs.get("encoding") or {}
     node = _plan(ds, root, (kwargs.get("group") or "").strip("/"), kind, encodings, kwargs)
     if not (node.fast or node.blocks or node.lazy):
-        why = why or "no variable the engine writes (see the writing guide)"
-        file(_recorders, WriteReport(notes=[why], by_xarray=[str(n) for n in ds.variables]))
+        _by_xarray([str(n) for n in ds.variables], why)
         return node.template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
     kwargs["encoding"] = node.encoding(encodings)
     with _quiet_consolidation():
         node.template.to_zarr(store, compute=False, **kwargs)  # metadata, coordinates, host data
     return _write_chunks(root, store, [node], kind, compute, kwargs)
+
+
+def _by_xarray(names: list[str], why: str) -> None:
+    """File the report of a write xarray makes of every variable itself, and why."""
+    why = why or "no variable the engine writes (see the writing guide)"
+    file(_recorders, WriteReport(notes=[why], by_xarray=names))
 
 
 _quieting = threading.Lock()
@@ -467,9 +472,7 @@ def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
         nodes.append(_plan(ds, root, path, kind, encodings.get(sub.path, {}), kwargs))
     template = xr.DataTree.from_dict({"/" + n.path: n.template for n in nodes})
     if not any(n.fast or n.blocks or n.lazy for n in nodes):
-        why = why or "no variable the engine writes (see the writing guide)"
-        names = [f"{n.path}/{v}" if n.path else str(v) for n in nodes for v in n.template.variables]
-        file(_recorders, WriteReport(notes=[why], by_xarray=names))
+        _by_xarray([f"{n.path}/{v}" if n.path else str(v) for n in nodes for v in n.template.variables], why)
         return template.to_zarr(store, **kwargs)
     compute = kwargs.pop("compute", True)
     by_path = {"/" + n.path: n for n in nodes}
