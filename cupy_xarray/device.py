@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EXTRA_HINT, MissingGPUPackageError, NoGPUError
+from .errors import NoGPUError, missing_package
 from .options import get_options
 
 CPU_HINT = (
@@ -35,13 +35,7 @@ def import_cupy():
     try:
         import cupy
     except ImportError as exc:  # pragma: no cover - depends on the machine
-        # the cause is in the message: the chained traceback would only double its length
-        why = (
-            "cupy is not installed"
-            if isinstance(exc, ModuleNotFoundError)
-            else f"cupy cannot be imported ({exc})"
-        )
-        raise MissingGPUPackageError(f"{why}; {EXTRA_HINT}") from None
+        raise missing_package("cupy", exc) from None
     return cupy
 
 

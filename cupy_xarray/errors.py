@@ -77,3 +77,15 @@ class UnsafeStoreError(StoreError):
 
 class OutOfMemoryError(CupyXarrayError, MemoryError):
     """A read needs more device (or host) memory than is free; nothing was allocated."""
+
+
+def missing_package(name: str, exc: ImportError) -> MissingGPUPackageError:
+    """The error for a GPU package ``name`` that failed to import with ``exc``, with the fix;
+    the cause is in the message (raise it ``from None``: the chained traceback would only
+    double its length)."""
+    why = (
+        f"{name} is not installed"
+        if isinstance(exc, ModuleNotFoundError)
+        else f"{name} cannot be imported ({exc})"
+    )
+    return MissingGPUPackageError(f"{why}; {EXTRA_HINT}")

@@ -399,14 +399,9 @@ class KvikioIO:
         try:
             import kvikio  # noqa: F401
         except ImportError as exc:
-            from ..errors import EXTRA_HINT, MissingGPUPackageError
+            from ..errors import missing_package
 
-            why = (
-                "kvikio is not installed"
-                if isinstance(exc, ModuleNotFoundError)
-                else f"kvikio cannot be imported ({exc})"
-            )
-            raise MissingGPUPackageError(f"{why}; {EXTRA_HINT}") from None
+            raise missing_package("kvikio", exc) from None
         _kvikio_enter(threads)
         try:
             yield _KvikioSession(threads)
