@@ -44,12 +44,11 @@ def read_points(spec: ArraySpec, key: tuple, read) -> Any:
     )
     flat = [norm[d] for d in adv]
     sliced = [d for d in range(len(shape)) if d not in arrays]
-    slices = {d: norm[d] for d in sliced}
-    lengths = output_shape(tuple(slices[d] for d in sliced), tuple(shape[d] for d in sliced))
+    lengths = output_shape(tuple(norm[d] for d in sliced), tuple(shape[d] for d in sliced))
     npoints = int(np.prod(pshape, dtype=np.int64))
     if npoints == 0 or 0 in lengths:
         out = read(
-            [(spec, tuple(np.zeros(0, np.int64) if d in adv else slices[d] for d in range(len(shape))))]
+            [(spec, tuple(np.zeros(0, np.int64) if d in arrays else norm[d] for d in range(len(shape))))]
         )[0]
         return out.reshape(pshape + lengths)
     cell = np.stack([f // chunks[d] for f, d in zip(flat, adv)], axis=1)
@@ -71,7 +70,7 @@ def read_points(spec: ArraySpec, key: tuple, read) -> Any:
             sel.append(slice(lo, int(mine.max()) + 1))
             where.append(mine - lo)
         it = iter(sel)
-        request = tuple(next(it) if d in adv else slices[d] for d in range(len(shape)))
+        request = tuple(next(it) if d in arrays else norm[d] for d in range(len(shape)))
         wave.append((request, ids, where))
         wave_bytes += int(np.prod([s.stop - s.start for s in sel])) * row
         if wave_bytes >= WAVE_BYTES:
