@@ -67,8 +67,13 @@ print(json.dumps(t))
 
 
 STORE_CHILD = r"""
-import json, sys, time
+import json, os, sys, time
 t = {}
+prof = None
+if os.environ.get("FIRST_READ_PROFILE"):  # --profile: where the first open and read wait
+    import cProfile, pstats
+    prof = cProfile.Profile()
+    prof.enable()
 t0 = time.perf_counter()
 import xarray as xr
 import cupy_xarray
@@ -98,17 +103,26 @@ for k in ("first", "second"):
     sync()
     t[f"{k} {what}"] = time.perf_counter() - t0
     del _
+    if prof is not None and k == "first":
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(15)
+        prof = None
 print(json.dumps(t))
 """
 
 
-def store_child(path: str, what: str, cache: str) -> dict[str, float]:
+def store_child(path: str, what: str, cache: str, profile: bool = False) -> dict[str, float]:
     env = dict(os.environ, CUPY_CACHE_DIR=os.path.join(cache, "cupy"))
+    if profile:
+        env["FIRST_READ_PROFILE"] = "1"
     out = subprocess.run(
         [sys.executable, "-c", STORE_CHILD, path, what], env=env, capture_output=True, text=True, check=False
     )
     if out.returncode != 0:
         raise SystemExit(f"child failed:\n{out.stderr}")
+    if profile:
+        print(out.stderr[-12000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -117,6 +131,8 @@ def store_main(args) -> None:
     rows: dict[str, list[dict[str, float]]] = {"one chunk": [], "full load": []}
     with tempfile.TemporaryDirectory() as cache:
         store_child(args.store, "one chunk", cache)  # fills cupy's kernel cache
+        if args.profile:
+            store_child(args.store, "one chunk", cache, profile=True)
         for _ in range(args.runs):
             for what in rows:
                 rows[what].append(store_child(args.store, what, cache))

@@ -48,9 +48,19 @@ def main() -> None:
             print(
                 "    paces:",
                 {
-                    k: (round(v.gpu_k, 2), round(v.pool / 1e9, 1), round(v.io / 1e9, 1))
+                    k: (
+                        round(v.gpu_k, 2),
+                        round(v.pool / 1e9, 1),
+                        round(v.pool_shared / 1e9, 1),
+                        round(v.io / 1e9, 1),
+                    )
                     for k, v in paces.items()
                 },
+                "(gpu_k, pool alone GB/s, pool beside batches, io)",
+            )
+            print(
+                "    route factors:",
+                {"/".join(map(str, k)): round(v[0], 2) for k, v in observed._outcomes.items()},
             )
             del out
 

@@ -133,6 +133,49 @@ def test_the_margin_keeps_a_split_that_gains_little_away(paces, options):
     assert s.split(tasks, GPU, "zstd").route in ("host", "batch")
 
 
+def _planned(count: int):
+    return [SimpleNamespace(direct=None, **vars(t)) for t in _tasks(("zstd",), count)]
+
+
+def test_a_route_that_ran_slower_than_its_figures_is_charged_for_it(paces):
+    """A split that took three times its figures is not chosen again for reads of that size
+    (reads of another size keep their own factor); the route chosen instead keeps the reads
+    once it ran as figured. Nothing is learned before the route's processors warmed up."""
+    s, key = Scheduler(RATES), sch.device_key(GPU)
+    assert s.plan(_planned(1024), GPU, "auto", 2**31).model is None  # nothing warm yet
+    _saw("pool", key, "zstd", 8 * 10**9, 1.0)
+    _saw("gpu", key, "zstd", 2.0, 1.0)
+    plan = s.plan(_planned(1024), GPU, "auto", 2**31)
+    kind, route, nbytes, model_s = plan.model
+    assert (kind, route, nbytes) == ("zstd", "share", 1024 * 4 * 2**20) and model_s > 0
+    s.saw_read(plan, GPU, 3 * model_s)
+    assert observed.outcome(key, "zstd", "share", nbytes) == 3.0
+    assert observed.outcome(key, "zstd", "share", nbytes // 16) == 1.0
+    again = s.plan(_planned(1024), GPU, "auto", 2**31)
+    assert again.model[1] in ("host", "batch") and again.decisions[0].route == again.model[1]
+    assert not again.shared and again.decisions[0].why.startswith(("CPU threads alone", "nvCOMP alone"))
+    s.saw_read(again, GPU, again.model[3])
+    assert s.plan(_planned(1024), GPU, "auto", 2**31).model[1] == again.model[1]
+    assert s.plan(_planned(4096), GPU, "auto", 2**31).decisions[0].route == "share"  # another size
+    forced = Scheduler(RATES, force="share")
+    forced.saw_read(plan, GPU, 100 * model_s)  # a forced route teaches nothing
+    assert observed.outcome(key, "zstd", "share", nbytes) == 3.0
+
+
+def test_the_threads_pace_beside_the_batches_is_kept_apart(paces):
+    """The CPU threads slowed beside the batches do not make them look slow alone: the pace
+    of a shared queue's back is its own figure."""
+    s, key = Scheduler(RATES), sch.device_key(GPU)
+    _saw("pool", key, "zstd", 8 * 10**9, 1.0)
+    _saw("gpu", key, "zstd", 20.0, 1.0)  # a slow GPU: the threads alone
+    assert s.split(_planned(1024), GPU, "zstd").route == "host"
+    observed.saw_pool(key, "zstd", 2**20, 1.0, shared=True)
+    observed.saw_pool(key, "zstd", 2**20, 1.0, shared=True)
+    seen = observed.pace(key, "zstd")
+    assert seen.pool == 8e9 and seen.pool_shared == 2**20
+    assert s.split(_planned(1024), GPU, "zstd").route == "host"
+
+
 def test_a_pace_mixes_what_reads_saw(paces):
     """The first observation (a process's first call: kernels loaded, threads started) is not
     learned from; later ones are mixed in, each moving a figure at most threefold."""
@@ -396,6 +439,20 @@ def test_every_route_reads_the_same_gpu(tmp_path):
     _check_all_routes(tmp_path, "gpu", ["auto", "gpu", "cpu"], [None])
     forced = [Scheduler(force=route) for route in ("batch", "host", "share")]
     _check_all_routes(tmp_path, "gpu", ["auto"], forced)
+
+
+@pytest.mark.gpu
+def test_default_reads_learn_their_route_factor(tmp_path, paces):
+    """Default GPU reads of a store the model routes learn what their route took over its
+    figures (after a warm-up read), and read zarr-python's values each time."""
+    arr = _store(tmp_path, "zstd", (64, 256, 256), (4, 256, 256))
+    spec, dev, want = array_spec(arr, name="zstd"), resolve_device("gpu"), arr[:]
+    sel = (slice(None),) * 3
+    for _ in range(4):
+        (got,) = read_arrays([(spec, sel)], dev, decode="auto")
+        np.testing.assert_array_equal(host(got), want)
+    assert observed._outcomes, "no route factor learned"
+    assert {k[1] for k in observed._outcomes} == {"zstd"}
 
 
 @pytest.mark.parametrize("gather", ["off", "on"])

@@ -139,9 +139,8 @@ def _saw_pool(on_host: list[ChunkTask], queue: WorkQueue | None, read: Read, sec
     if queue is not None and queue.taken_back and queue.back_started:
         kind = _kind(queue.taken_back)
         if kind is not None and len(queue.taken_back) >= 2 * device.threads:
-            observed.saw_pool(
-                device_key(device), kind, queue.back_done, queue.back_ended - queue.back_started
-            )
+            seconds = queue.back_ended - queue.back_started
+            observed.saw_pool(device_key(device), kind, queue.back_done, seconds, shared=True)
     elif on_host and len(on_host) >= 2 * device.threads:
         kind = _kind(on_host)
         if kind is not None and all(t.spec.recipe.bytes_codecs for t in on_host):
@@ -170,6 +169,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
     requests located and planned a batch at a time, as their batches are submitted."""
     device, clock, options = read.device, read.clock, read.options
     outs = read.outs
+    began = time.perf_counter()
     limit = cut.staging_limit(outs, read.batch_bytes, read.decode, options, _free_for_batches(read, tasks))
     plan = read.scheduler.plan(tasks, device, read.decode, limit)
     read.report.decisions.extend(plan.decisions)
@@ -293,6 +293,8 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                 read.advance(on_host)
                 if queue is not None:
                     read.advance(queue.taken_back)
+                if device.name == "gpu" and not clock.crowded:
+                    read.scheduler.saw_read(plan, device, time.perf_counter() - began)
             except BaseException:
                 # let reads in flight land before their buffers are released
                 if queue is not None:

@@ -15,6 +15,16 @@ nvCOMP call loads its kernels and sets up the decoder process's memory (two seco
 where a warm call takes 70 ms), its first reads open kvikio, its first CPU jobs start threads.
 After that, one read moves a figure at most threefold, so that one read slowed by something
 else (another process, a page cache miss) cannot send the next reads the wrong way.
+
+The CPU threads' pace is kept twice: alone (a host route) and beside the batches (the back of
+a shared queue, where kvikio's reads and the decoder process take cores and memory bandwidth
+from them); each route's time is figured with the pace it will run at.
+
+The figures miss what no stage measures (contention, scatter, hand-offs). So each route's whole
+time is learned as well (:func:`saw_outcome`): the read's wall time over what the model said,
+per stream kind, route and read size (within a factor of four). A route that ran slower than
+its figures is charged that much the next time, so a split that does not pay is not chosen
+again, and the route that ran faster takes the reads of that size.
 """
 
 from __future__ import annotations
@@ -37,23 +47,38 @@ class Pace:
     gpu_k
         Observed nvCOMP call seconds over the figures' prediction.
     pool
-        Decoded bytes per second of the CPU threads together (0: not seen yet).
+        Decoded bytes per second of the CPU threads together, alone (0: not seen yet).
+    pool_shared
+        The same, beside the batches (the back of a shared queue).
     io
         Stored bytes per second of a batch's reads (0: not seen yet).
-    gpu_seen, pool_seen, io_seen
+    gpu_seen, pool_seen, pool_shared_seen, io_seen
         How many observations made each figure (-1: none yet, the first one is a warm-up).
     """
 
     gpu_k: float = 1.0
     pool: float = 0.0
+    pool_shared: float = 0.0
     io: float = 0.0
     gpu_seen: int = -1
     pool_seen: int = -1
+    pool_shared_seen: int = -1
     io_seen: int = -1
+
+    def warm(self, route: str) -> bool:
+        """Whether what ``route`` runs on has run in this process before (its start-up costs
+        are behind it): nvCOMP for the batches and a split, the CPU threads for the host route."""
+        if route == "host":
+            return max(self.pool_seen, self.pool_shared_seen) >= 0
+        return self.gpu_seen >= 0
 
 
 _lock = threading.Lock()
 _paces: dict[tuple[str, str], Pace] = {}
+#: (device, kind, route, size class) -> [wall time over the model's time, observations]
+_outcomes: dict[tuple[str, str, str, int], list] = {}
+#: the bounds of a route's factor: its figures are off by no more than this
+OUTCOME_LOW, OUTCOME_HIGH = 0.25, 4.0
 
 
 def pace(device_key: str, kind: str) -> Pace:
@@ -74,7 +99,7 @@ def _learn(
 ) -> None:
     """Mix ``value`` into the pace's figure ``name`` (``gpu_k``, ``pool`` or ``io``), within
     ``low`` and ``high``; the figure's first observation only counts as its warm-up."""
-    seen = {"gpu_k": "gpu_seen", "pool": "pool_seen", "io": "io_seen"}[name]
+    seen = f"{name.removesuffix('_k')}_seen"
     with _lock:
         p = _paces.setdefault((device_key, kind), Pace())
         count = getattr(p, seen)
@@ -89,10 +114,11 @@ def saw_gpu(device_key: str, kind: str, seconds: float, predicted: float) -> Non
         _learn(device_key, kind, "gpu_k", seconds / predicted, 0.05, 20.0)
 
 
-def saw_pool(device_key: str, kind: str, nbytes: int, seconds: float) -> None:
-    """The CPU threads decoded ``nbytes`` in ``seconds`` of wall time, every thread busy."""
+def saw_pool(device_key: str, kind: str, nbytes: int, seconds: float, shared: bool = False) -> None:
+    """The CPU threads decoded ``nbytes`` in ``seconds`` of wall time, every thread busy
+    (``shared``: beside the batches)."""
     if seconds > 0 and nbytes > 0:
-        _learn(device_key, kind, "pool", nbytes / seconds)
+        _learn(device_key, kind, "pool_shared" if shared else "pool", nbytes / seconds)
 
 
 def saw_io(device_key: str, kind: str, nbytes: int, seconds: float) -> None:
@@ -101,7 +127,34 @@ def saw_io(device_key: str, kind: str, nbytes: int, seconds: float) -> None:
         _learn(device_key, kind, "io", nbytes / seconds)
 
 
+def size_class(nbytes: int) -> int:
+    """Reads within a factor of four of each other share their routes' factors."""
+    return max(0, int(nbytes)).bit_length() // 2
+
+
+def outcome(device_key: str, kind: str, route: str, nbytes: int) -> float:
+    """What reads of ``nbytes`` by ``route`` took over what the model said (1.0: none seen)."""
+    with _lock:
+        seen = _outcomes.get((device_key, kind, route, size_class(nbytes)))
+        return seen[0] if seen else 1.0
+
+
+def saw_outcome(
+    device_key: str, kind: str, route: str, nbytes: int, seconds: float, predicted: float
+) -> None:
+    """A read of ``nbytes`` by ``route`` took ``seconds`` where the model said ``predicted``
+    (call it only for a read whose route was warm: :meth:`Pace.warm`)."""
+    if seconds <= 0 or predicted <= 0:
+        return
+    ratio = min(OUTCOME_HIGH, max(OUTCOME_LOW, seconds / predicted))
+    with _lock:
+        seen = _outcomes.setdefault((device_key, kind, route, size_class(nbytes)), [1.0, 0])
+        seen[0] = ratio if seen[1] == 0 else _mix(seen[0], ratio, seen[1])
+        seen[1] += 1
+
+
 def forget() -> None:
     """Drop everything seen (tests)."""
     with _lock:
         _paces.clear()
+        _outcomes.clear()

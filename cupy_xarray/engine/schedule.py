@@ -64,6 +64,9 @@ class RoutePlan:
     shared: list = field(default_factory=list)  # taken by either processor (:mod:`.share`)
     front_bytes: int | None = None  # decoded bytes of ``shared`` the batches take first (None: half)
     fixed_s: float = 0.0  # the least seconds of one nvCOMP call of the shared chunks
+    #: where the model routed every chunk, one route and one stream kind, its routes warm:
+    #: (kind, route, decoded bytes, the model's seconds), learned from (:meth:`Scheduler.saw_read`)
+    model: tuple[str, str, int, float] | None = None
 
 
 @dataclass
@@ -80,6 +83,14 @@ class Decision:
     shared: bool = False  # both processors took from one queue: ``gpu``/``host`` say what each took
     front_bytes: int = 0  # shared: decoded bytes the batches were planned to take
     fixed_s: float = 0.0  # shared: the seconds an nvCOMP call of these chunks costs at the least
+    model_s: float = 0.0  # chosen by the model: the seconds its figures gave the route (0: not)
+    warm: bool = False  # chosen by the model with what the route runs on warm (:meth:`.observed.Pace.warm`)
+    nbytes: int = 0  # chosen by the model: the group's decoded bytes
+
+    @property
+    def route(self) -> str:
+        """``"share"``, ``"batch"`` or ``"host"``: where the group went."""
+        return "share" if self.shared else "batch" if self.gpu else "host"
 
     def __str__(self) -> str:
         where = f"{self.gpu} chunks to nvCOMP, {self.host} to CPU threads"
@@ -117,6 +128,7 @@ class Scheduler:
             for t, r in zip(direct, self.direct_routes(direct, device)):
                 (on_host if r == "host" else batched).append(t)
         decisions, on_gpu, isolated = [], {}, {}
+        modelled = not direct
         front, fixed = 0, 0.0
         by_route = {"host": on_host, "batch": batched, "share": shared}
         for key, group in groups.items():
@@ -133,12 +145,24 @@ class Scheduler:
             codecs = group[0].spec.recipe.bytes_codecs
             on_gpu[key] = nvcomp_decodes(codecs, device, decode)
             isolated[key] = in_decoder_process(codecs, device, decode)
+            modelled = modelled and decision is not None and decision.model_s > 0 and decision.warm
             if decision is not None:
                 decisions.append(decision)
                 log.debug("decode: %s", decision)
-        return RoutePlan(
+        plan = RoutePlan(
             batched, on_host, on_gpu, decisions, isolated, shared, front if shared else None, fixed
         )
+        if modelled and decisions and len({(d.kind, d.route, d.key) for d in decisions}) == 1:
+            d = decisions[0]
+            plan.model = (pace_key(groups[d.key][0].spec.recipe.bytes_codecs), d.route, d.nbytes, d.model_s)
+        return plan
+
+    def saw_read(self, plan: RoutePlan, device: Any, seconds: float) -> None:
+        """A read the model routed whole (``plan.model``) took ``seconds``, this process's
+        only read meanwhile: learn the route's factor (:func:`.observed.saw_outcome`)."""
+        if plan.model is not None and self.force is None:
+            kind, route, nbytes, model_s = plan.model
+            observed.saw_outcome(device_key(device), kind, route, nbytes, seconds, model_s)
 
     def streams(self, spec: Any, pieces: list, device: Any) -> bool:
         """Whether a request's pieces are located and planned batch by batch, as their
@@ -223,27 +247,33 @@ class Scheduler:
             return [route] * len(tasks), Decision(name, codec, n, len(tasks) - n, why, kind, key)
         split = self.split(tasks, device, kind)
         name = split.names
+        learn = dict(model_s=split.model_s, warm=split.warm, nbytes=split.nbytes)
         if split.route == "host":
-            return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), split.why, kind, key)
+            return ["host"] * len(tasks), Decision(name, codec, 0, len(tasks), split.why, kind, key, **learn)
         if split.route == "batch":
-            return ["batch"] * len(tasks), Decision(name, codec, len(tasks), 0, split.why, kind, key)
-        decision = Decision(name, codec, 0, 0, split.why, kind, key, True, split.front_bytes, split.fixed_s)
+            return ["batch"] * len(tasks), Decision(name, codec, len(tasks), 0, split.why, kind, key, **learn)
+        decision = Decision(
+            name, codec, 0, 0, split.why, kind, key, True, split.front_bytes, split.fixed_s, **learn
+        )
         return ["share"] * len(tasks), decision
 
     def split(self, tasks: list[Any], device: Any, kind: str) -> Split:
         """Who decodes a group either processor may decode: the GPU alone (its reads, then
         nvCOMP), the CPU threads alone, or both (the batches take ``front_bytes`` from the
         front, the CPU threads the rest from the back once the batch's reads have landed),
-        whichever the pace seen so far (:mod:`.observed`) says ends first. A split must end
-        sooner than the faster processor alone by ``share_margin``: coordinating two ends
-        costs what no figure shows."""
+        whichever the pace seen so far (:mod:`.observed`) says ends first, each time charged
+        what reads of that route and size took over their figures (:func:`.observed.outcome`).
+        A split must end sooner than the faster processor alone by ``share_margin``:
+        coordinating two ends costs what no figure shows."""
         recipe = tasks[0].spec.recipe
         r = self.rates_for(kind, device)
-        seen = observed.pace(device_key(device), pace_key(recipe.bytes_codecs))
+        key, chain = device_key(device), pace_key(recipe.bytes_codecs)
+        seen = observed.pace(key, chain)
         total = sum(t.spec.recipe.nbytes for t in tasks)
         stored = sum(t.nbytes for t in tasks) or total
         threads = max(1, device.threads)
-        pool = seen.pool or (r.host_pool * min(threads, 16) / 16 if r.host_pool else threads * r.host_thread)
+        alone = seen.pool or (r.host_pool * min(threads, 16) / 16 if r.host_pool else threads * r.host_thread)
+        pool = seen.pool_shared or alone  # beside the batches
         io = seen.io or IO_BYTES_S
         fixed = seen.gpu_k * self.gpu_figure(recipe, 0, device)
         per = seen.gpu_k / r.gpu  # seconds per decoded byte of a call that fills the GPU
@@ -251,7 +281,7 @@ class Scheduler:
         def gpu(nbytes: float) -> float:  # one call: its fixed cost, or its bytes where they fill the GPU
             return max(fixed, nbytes * per)
 
-        t_cpu = total / pool
+        t_cpu = total / alone
         t_gpu = stored / io + gpu(total)
         # the CPU threads' share x ends with the GPU's call, x / pool = gpu(total - x): within
         # the fixed cost, x = pool * fixed; past it, x / pool = (total - x) * per
@@ -262,15 +292,29 @@ class Scheduler:
         x = int(x // size) * size
         front = total - x
         t_split = stored * front / total / io + gpu(front)
+        model = {"host": t_cpu, "batch": t_gpu, "share": t_split}
+        charged = {route: t * observed.outcome(key, chain, route, total) for route, t in model.items()}
+        t_cpu, t_gpu, t_split = charged["host"], charged["batch"], charged["share"]
         names = ", ".join(dict.fromkeys(t.spec.name for t in tasks))
         figures = f"reads + nvCOMP call {t_gpu * 1e3:.0f} ms, CPU threads {t_cpu * 1e3:.0f} ms"
         best = min(t_cpu, t_gpu)
         if 0 < x < total and t_split < best * (1 - get_options().share_margin):
-            why = f"shared: {figures}, both {t_split * 1e3:.0f} ms"
-            return Split("share", why, names, front, fixed)
-        if t_cpu <= t_gpu:
-            return Split("host", f"CPU threads alone: {figures}", names)
-        return Split("batch", f"nvCOMP alone: {figures}", names)
+            route, why = "share", f"shared: {figures}, both {t_split * 1e3:.0f} ms"
+        elif t_cpu <= t_gpu:
+            route, why = "host", f"CPU threads alone: {figures}"
+        else:
+            route, why = "batch", f"nvCOMP alone: {figures}"
+        share = route == "share"
+        return Split(
+            route,
+            why,
+            names,
+            front if share else 0,
+            fixed if share else 0.0,
+            model[route],
+            seen.warm(route),
+            total,
+        )
 
 
 @dataclass
@@ -282,6 +326,9 @@ class Split:
     names: str
     front_bytes: int = 0
     fixed_s: float = 0.0
+    model_s: float = 0.0  # the route's seconds by the figures, before its charge
+    warm: bool = False  # the route's processors ran before in this process
+    nbytes: int = 0  # the group's decoded bytes
 
 
 #: stored bytes per second of a batch's reads before a read has shown its own (kvikio, 16
