@@ -159,12 +159,21 @@ def ratio(row: dict) -> None:
 def dask_reads(root: Path, args) -> dict:
     import xarray as xr
 
+    import cupy_xarray
+    from cupy_xarray.options import Options
+
     path = store(root, "zstd tiles", args.size_gib)
     out = {}
-    for label, chunks in (("chunks={}", {}), ("chunks='auto'", "auto")):
+    runs = [("chunks={}", {}, {}), ("chunks='auto'", "auto", {})]
+    if hasattr(Options, "read_ahead"):  # the same with read-ahead (:mod:`cupy_xarray.readahead`)
+        ahead = {"read_ahead": "auto"}
+        runs += [("chunks={} read ahead", {}, ahead), ("chunks='auto' read ahead", "auto", ahead)]
+    for label, chunks, settings in runs:
 
-        def fn(chunks=chunks):
-            return xr.open_dataset(path, engine="kvikio", chunks=chunks)["field"].data.compute()
+        def fn(chunks=chunks, settings=settings):
+            with cupy_xarray.set_options(**settings):
+                ds = xr.open_dataset(path, engine="kvikio", chunks=chunks)
+            return ds["field"].data.compute()
 
         nbytes = xr.open_dataset(path, engine="kvikio", chunks={})["field"].nbytes
         t, peak, _ = timed(fn, max(1, args.repeat - 1))

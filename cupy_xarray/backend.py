@@ -30,6 +30,7 @@ from .engine.plan import normalize_selection
 from .engine.points import read_points
 from .errors import StoreError, StoreNotFoundError
 from .options import Options, carried, get_options, using
+from .readahead import ReadAhead
 from .warmup import warm_engine
 
 
@@ -69,6 +70,7 @@ class KvikioBackendArray(BackendArray):
 
     __slots__ = (
         "_preloaded",
+        "_readahead",
         "batch_bytes",
         "decode",
         "device",
@@ -100,6 +102,16 @@ class KvikioBackendArray(BackendArray):
         self.device = device
         self.threads = threads
         self._preloaded = None
+        self._readahead: ReadAhead | bool | None = None  # False: not on this array's reads
+
+    def __getstate__(self) -> dict:
+        state = {k: getattr(self, k) for k in self.__slots__ if hasattr(self, k)}
+        state["_readahead"] = None  # a process's own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
 
     def resolved_device(self) -> Device | PrototypeDevice:
         with using(self.options):
@@ -131,7 +143,33 @@ class KvikioBackendArray(BackendArray):
             if all(isinstance(s, slice) and s == slice(0, n, 1) for s, n in zip(sel, self.shape)):
                 out, self._preloaded = self._preloaded, None
                 return out
+        ahead = self._ahead()
+        if ahead is not None:
+            opts = self.options
+            handled, out = ahead.get(key, self._ahead_budget, opts.read_ahead_linger)
+            if handled:
+                return out
         return self._read_requests([(self.spec, key)])[0]
+
+    def _ahead(self) -> ReadAhead | None:
+        """The array's read-ahead (:mod:`.readahead`) where the ``read_ahead`` option has it."""
+        if self._readahead is None:
+            mode = self.options.read_ahead
+            on = mode == "on" or (mode == "auto" and getattr(self.resolved_device(), "name", None) == "gpu")
+            self._readahead = ReadAhead(self.shape, self.dtype.itemsize, self._read_boxes) if on else False
+        return self._readahead or None
+
+    def _read_boxes(self, keys: list[tuple]) -> list[Any]:
+        return self._read_requests([(self.spec, k) for k in keys])
+
+    def _ahead_budget(self) -> int:
+        """Bytes a read-ahead window may hold: ``read_ahead_bytes``, on a GPU within the
+        ``memory_share`` of its free memory."""
+        opts = self.options
+        device = self.resolved_device()
+        if getattr(device, "name", None) != "gpu":
+            return opts.read_ahead_bytes
+        return min(opts.read_ahead_bytes, int(opts.memory_share * device.free_bytes()))
 
     def _read_requests(self, requests: list) -> list[Any]:
         with using(self.options):

@@ -56,6 +56,9 @@ class Options:
     decoder_min_wait: float = 1.0
     arena_linger: float = 2.0
     max_chunk_bytes: int = 2**32
+    read_ahead: str = "off"
+    read_ahead_bytes: int = 2**30
+    read_ahead_linger: float = 2.0
     # remote stores
     remote_timeout: float = 120.0
     remote_retries: int = 4
@@ -149,6 +152,8 @@ def _convert(name: str, value: Any, source: str) -> Any:
 def _check(options: Options, source: str) -> Options:
     if options.device not in ("gpu", "cpu"):
         raise ValueError(f"device must be 'gpu' or 'cpu', got {options.device!r} ({source})")
+    if options.read_ahead not in ("auto", "on", "off"):
+        raise ValueError(f"read_ahead must be 'auto', 'on' or 'off', got {options.read_ahead!r} ({source})")
     if options.gather not in ("auto", "on", "off"):
         raise ValueError(f"gather must be 'auto', 'on' or 'off', got {options.gather!r} ({source})")
     if options.decoder_process not in ("auto", "on", "off"):
@@ -271,6 +276,14 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         too, ``"off"`` never (``CUPY_XARRAY_GATHER``). A read that arrives while another runs
         waits up to ``gather_wait`` seconds (default 2 ms) for others to join it; a read
         alone never waits.
+    read_ahead, read_ahead_bytes, read_ahead_linger
+        Where an array's boxes (dask chunks) are asked for in order, read the next ones with
+        the box asked for, in one read whose window doubles with each box asked for in order,
+        up to ``read_ahead_bytes`` (default 1 GiB; on a GPU, within ``memory_share`` of its free
+        memory); the tasks that ask next take their box from it (:mod:`~cupy_xarray.readahead`).
+        ``"auto"``: on GPU reads; ``"on"``: CPU reads too; ``"off"`` (the default): never
+        (``CUPY_XARRAY_READ_AHEAD``). A box not asked for within ``read_ahead_linger`` seconds
+        (default 2) is dropped.
     arena_linger
         Seconds the device memory the decoder process decodes in (mapped once by it: 8 ms
         per GiB on an H200) is kept for the next read once no read uses it (default 2; 0:

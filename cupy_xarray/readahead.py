@@ -1,0 +1,207 @@
+"""Read ahead of dask: the boxes an array's next tasks will ask for, read in one engine read.
+
+dask runs one task per thread, and each task asks its array for one box (a chunk, or the few
+of a dask chunk), so its reads stay too small for the batched GPU route. Where an array's
+boxes are asked for in order, :class:`ReadAhead` reads the next ones with the box asked for,
+in one read whose window doubles with each box asked for in order (as an operating system
+reads a file ahead), up to ``read_ahead_bytes``; the tasks that ask next take their box from
+it. A box asked for out of order starts the window again at one box, so a selection read once
+reads nothing more. A box read ahead and not asked for within ``read_ahead_linger`` seconds is
+dropped. Where a window's read fails, each of its tasks reads its own box (its error, if any,
+names its own chunk).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+#: the most boxes one window holds
+MAX_BOXES = 4096
+
+
+class _Slot:
+    """A box being read ahead: set once its window's read ends."""
+
+    __slots__ = ("done", "failed", "value", "when")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.failed = False
+        self.when = 0.0
+
+
+class ReadAhead:
+    """The boxes of one array read ahead of the tasks that ask for them.
+
+    Parameters
+    ----------
+    shape
+        The array's shape.
+    itemsize
+        Bytes per element.
+    read
+        Reads a list of selections (tuples of slices) in one read; returns their arrays.
+    """
+
+    def __init__(
+        self, shape: tuple[int, ...], itemsize: int, read: Callable[[list[tuple]], list[Any]]
+    ) -> None:
+        self.shape = tuple(int(n) for n in shape)
+        self.itemsize = itemsize
+        self._read = read
+        self._lock = threading.Lock()
+        self._extent: tuple[int, ...] | None = None  # a whole box's extent
+        self._grid: tuple[int, ...] = ()
+        self._held: dict[int, _Slot] = {}  # flat box index -> its slot
+        self._served: set[int] = set()  # boxes read in this pass over the array (none read twice)
+        self._window = 1
+        self._last: int | None = None  # the box last asked for
+        self._timer: threading.Timer | None = None
+        #: boxes read ahead that a task took, and that were dropped unasked (tests, reports)
+        self.hits = 0
+        self.dropped = 0
+
+    def get(self, key: tuple, budget: Callable[[], int], linger: float) -> tuple[bool, Any]:
+        """``(True, array)`` for the box ``key`` (a tuple of slices), read now with the next
+        boxes or taken from an earlier window; ``(False, None)`` where ``key`` is no box of
+        the array's grid (the caller reads it). ``budget()``: the bytes a window may hold,
+        asked where a window would grow."""
+        flat = self._flat(key)
+        if flat is None:
+            return False, None
+        with self._lock:
+            self._drop_expired(linger)
+            slot = self._held.pop(flat, None)
+            if slot is None and flat in self._served:  # asked again: a new pass over the array
+                self._served.clear()
+                self._last = None
+            last, self._last = self._last, flat
+            step = 0  # the order boxes are asked in: 1 onwards, -1 backwards (as dask may run them)
+            if last is not None and 0 < abs(flat - last) <= 2 * self._window + 16:
+                step = 1 if flat > last else -1
+            if slot is None:
+                window = self._plan(flat, step, budget)
+        if slot is not None:
+            slot.done.wait()
+            if not slot.failed:
+                self.hits += 1
+                return True, slot.value
+            return True, self._read([key])[0]
+        return True, self._read_window(window, linger)
+
+    def _plan(self, flat: int, step: int, budget: Callable[[], int]) -> list[tuple[int, _Slot | None]]:
+        """The window from box ``flat`` on, in the order ``step`` (0: none; its slots
+        registered); under the lock."""
+        if step:
+            held = sum(1 for s in self._held.values() if s.done.is_set())
+            cap = max(1, min(MAX_BOXES, budget() // max(1, self._box_bytes()) - held))
+            self._window = min(cap, self._window * 2)
+        else:
+            self._window = 1
+        window: list[tuple[int, _Slot | None]] = [(flat, None)]
+        self._served.add(flat)
+        total = math.prod(self._grid)
+        j = flat + step
+        while step and len(window) < self._window and 0 <= j < total:
+            if j not in self._held and j not in self._served:
+                slot = self._held[j] = _Slot()
+                self._served.add(j)
+                window.append((j, slot))
+            j += step
+        return window
+
+    def _read_window(self, window: list[tuple[int, _Slot | None]], linger: float) -> Any:
+        keys = [self._key(j) for j, _ in window]
+        try:
+            values = self._read(keys)
+        except BaseException as exc:
+            for _, slot in window[1:]:
+                slot.failed = True
+                slot.done.set()
+            if len(window) == 1 or not isinstance(exc, Exception):
+                raise
+            return self._read(keys[:1])[0]  # its own box alone: its own error, if any
+        now = time.monotonic()
+        for (_, slot), value in zip(window[1:], values[1:]):
+            slot.value, slot.when = value, now
+            slot.done.set()
+        if len(window) > 1:
+            with self._lock:
+                self._schedule_drop(linger)
+        return values[0]
+
+    def _schedule_drop(self, linger: float) -> None:
+        """Under the lock: drop boxes nobody asked for once they lingered (one timer at a time)."""
+
+        def drop() -> None:
+            with self._lock:
+                self._timer = None
+                self._drop_expired(linger)
+                if self._held:
+                    self._schedule_drop(linger)
+
+        if self._timer is None:
+            self._timer = threading.Timer(linger + 0.05, drop)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _drop_expired(self, linger: float) -> None:
+        """Under the lock: forget read boxes older than ``linger`` seconds."""
+        now = time.monotonic()
+        old = [j for j, s in self._held.items() if s.done.is_set() and now - s.when > linger]
+        for j in old:
+            del self._held[j]
+        self.dropped += len(old)
+
+    def held(self) -> int:
+        """Boxes read ahead and not yet taken."""
+        with self._lock:
+            return len(self._held)
+
+    def _box_bytes(self) -> int:
+        return math.prod(self._extent or (1,)) * self.itemsize
+
+    def _flat(self, key: tuple) -> int | None:
+        """The flat index of box ``key`` on the grid of boxes (the grid is set by the first
+        whole box asked for, and set again by a whole box of another extent); None where
+        ``key`` is no box."""
+        if len(key) != len(self.shape) or not all(isinstance(s, slice) and s.step in (None, 1) for s in key):
+            return None
+        starts = [s.start or 0 for s in key]
+        stops = [n if s.stop is None else s.stop for s, n in zip(key, self.shape)]
+        extents = [b - a for a, b in zip(starts, stops)]
+        if any(e <= 0 for e in extents) or any(a < 0 or b > n for a, b, n in zip(starts, stops, self.shape)):
+            return None
+        with self._lock:
+            ext = self._extent
+            if ext is None or not _on_grid(starts, stops, ext, self.shape):
+                if not _on_grid(starts, stops, extents, self.shape):
+                    return None
+                if ext is not None and tuple(extents) != ext:
+                    self._held.clear()  # another grid: what was read ahead is for the old one
+                    self._served.clear()
+                    self._window, self._last = 1, -1
+                ext = self._extent = tuple(extents)
+                self._grid = tuple(-(-n // e) for n, e in zip(self.shape, ext))
+            index = 0
+            for a, e, g in zip(starts, ext, self._grid):
+                index = index * g + a // e
+            return index
+
+    def _key(self, flat: int) -> tuple:
+        ext = self._extent or ()
+        idx = []
+        for g in reversed(self._grid):
+            idx.append(flat % g)
+            flat //= g
+        return tuple(slice(i * e, min((i + 1) * e, n)) for i, e, n in zip(reversed(idx), ext, self.shape))
+
+
+def _on_grid(starts, stops, extent, shape) -> bool:
+    """Whether ``starts:stops`` is one box of the grid of ``extent`` boxes over ``shape``."""
+    return all(a % e == 0 and b == min(a + e, n) for a, b, e, n in zip(starts, stops, extent, shape))
