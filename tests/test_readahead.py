@@ -196,4 +196,6 @@ def test_an_array_with_read_ahead_pickles_without_it(store):
     assert source.direct._readahead  # made by the reads above
     copy = pickle.loads(pickle.dumps(source))
     assert copy.direct._readahead is None
-    np.testing.assert_array_equal(copy[(slice(0, 4), slice(0, 32), slice(0, 32))], ds["f"].values[:4, :32, :32])
+    np.testing.assert_array_equal(
+        copy[(slice(0, 4), slice(0, 32), slice(0, 32))], ds["f"].values[:4, :32, :32]
+    )
