@@ -89,7 +89,8 @@ class ReadAhead:
         if slot is not None:
             slot.done.wait()
             if not slot.failed:
-                self.hits += 1
+                with self._lock:
+                    self.hits += 1
                 return True, slot.value
             return True, self._read([key])[0]
         return True, self._read_window(window, linger)
@@ -106,8 +107,9 @@ class ReadAhead:
         window: list[tuple[int, _Slot | None]] = [(flat, None)]
         self._served.add(flat)
         total = math.prod(self._grid)
-        j = flat + step
-        while step and len(window) < self._window and 0 <= j < total:
+        j, scan = flat + step, 4 * self._window + 64  # (past boxes read already, a few windows on)
+        while step and len(window) < self._window and 0 <= j < total and scan > 0:
+            scan -= 1
             if j not in self._held and j not in self._served:
                 slot = self._held[j] = _Slot()
                 self._served.add(j)
