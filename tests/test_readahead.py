@@ -176,9 +176,10 @@ def test_dask_reads_through_read_ahead_equal_zarr(store, device, chunks):
     f = got["f"]
     assert type(f.data).__module__.split(".")[0] == ("cupy" if device == "gpu" else "numpy")
     xr.testing.assert_identical(got.copy(data={"f": host(f.data)}) if device == "gpu" else got, ref.load())
-    assert sum(r.chunks for r in reports) == 64
+    reads = list({id(r): r for r in reports}.values())  # reads gathered across threads share one
+    assert sum(r.chunks for r in reads) == 64
     if tasks > 1:
-        assert len(reports) < tasks
+        assert len(reads) < tasks
 
 
 def test_read_ahead_off_reads_each_task_alone(store):
