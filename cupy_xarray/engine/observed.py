@@ -24,7 +24,9 @@ The figures miss what no stage measures (contention, scatter, hand-offs). So eac
 time is learned as well (:func:`saw_outcome`): the read's wall time over what the model said,
 per stream kind, route and read size (within a factor of four). A route that ran slower than
 its figures is charged that much the next time, so a split that does not pay is not chosen
-again, and the route that ran faster takes the reads of that size.
+again, and the route that ran faster takes the reads of that size. A split not yet seen at a
+size is charged the larger factor of the two processors alone there: it runs both of them,
+and the slowness that made one of them slower than its figures slows the split too.
 """
 
 from __future__ import annotations
@@ -132,11 +134,11 @@ def size_class(nbytes: int) -> int:
     return max(0, int(nbytes)).bit_length() // 2
 
 
-def outcome(device_key: str, kind: str, route: str, nbytes: int) -> float:
-    """What reads of ``nbytes`` by ``route`` took over what the model said (1.0: none seen)."""
+def outcome(device_key: str, kind: str, route: str, nbytes: int) -> float | None:
+    """What reads of ``nbytes`` by ``route`` took over what the model said (None: none seen)."""
     with _lock:
         seen = _outcomes.get((device_key, kind, route, size_class(nbytes)))
-        return seen[0] if seen else 1.0
+        return seen[0] if seen else None
 
 
 def saw_outcome(
