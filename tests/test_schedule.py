@@ -162,21 +162,6 @@ def test_a_route_that_ran_slower_than_its_figures_is_charged_for_it(paces):
     assert observed.outcome(key, "zstd", "share", nbytes) == 3.0
 
 
-def test_a_split_not_seen_is_charged_what_its_ends_were(paces):
-    """Where nvCOMP alone ran 1.5x its figures at a size, a split there (not seen yet) is
-    charged as much: it runs the same batches."""
-    s, key = Scheduler(RATES), sch.device_key(GPU)
-    _saw("pool", key, "zstd", 8 * 10**9, 1.0)
-    _saw("gpu", key, "zstd", 2.0, 1.0)
-
-    def both_ms():
-        return float(re.findall(r"both (\d+) ms", s.split(_planned(1024), GPU, "zstd").why)[0])
-
-    before = both_ms()
-    observed.saw_outcome(key, "zstd", "batch", 1024 * 4 * 2**20, 1.5, 1.0)
-    assert both_ms() == pytest.approx(1.5 * before, abs=1)
-
-
 def test_the_threads_pace_beside_the_batches_is_kept_apart(paces):
     """The CPU threads slowed beside the batches do not make them look slow alone: the pace
     of a shared queue's back is its own figure."""

@@ -24,9 +24,7 @@ The figures miss what no stage measures (contention, scatter, hand-offs). So eac
 time is learned as well (:func:`saw_outcome`): the read's wall time over what the model said,
 per stream kind, route and read size (within a factor of four). A route that ran slower than
 its figures is charged that much the next time, so a split that does not pay is not chosen
-again, and the route that ran faster takes the reads of that size. A split not yet seen at a
-size is charged the larger factor of the two processors alone there: it runs both of them,
-and the slowness that made one of them slower than its figures slows the split too.
+again, and the route that ran faster takes the reads of that size.
 """
 
 from __future__ import annotations

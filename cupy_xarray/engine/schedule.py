@@ -293,10 +293,8 @@ class Scheduler:
         front = total - x
         t_split = stored * front / total / io + gpu(front)
         model = {"host": t_cpu, "batch": t_gpu, "share": t_split}
-        factor = {route: observed.outcome(key, chain, route, total) for route in model}
-        if factor["share"] is None:  # not seen: as slow as the slower of its two ends was
-            factor["share"] = max(factor["host"] or 1.0, factor["batch"] or 1.0)
-        charged = {route: t * (factor[route] or 1.0) for route, t in model.items()}
+        factor = {route: observed.outcome(key, chain, route, total) or 1.0 for route in model}
+        charged = {route: t * factor[route] for route, t in model.items()}
         t_cpu, t_gpu, t_split = charged["host"], charged["batch"], charged["share"]
         names = ", ".join(dict.fromkeys(t.spec.name for t in tasks))
         figures = f"reads + nvCOMP call {t_gpu * 1e3:.0f} ms, CPU threads {t_cpu * 1e3:.0f} ms"
