@@ -145,8 +145,7 @@ class KvikioBackendArray(BackendArray):
                 return out
         ahead = self._ahead()
         if ahead is not None:
-            opts = self.options
-            handled, out = ahead.get(key, self._ahead_budget, opts.read_ahead_linger)
+            handled, out = ahead.get(key, self._ahead_budget, self.options.read_ahead_linger)
             if handled:
                 return out
         return self._read_requests([(self.spec, key)])[0]

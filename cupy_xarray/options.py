@@ -152,14 +152,10 @@ def _convert(name: str, value: Any, source: str) -> Any:
 def _check(options: Options, source: str) -> Options:
     if options.device not in ("gpu", "cpu"):
         raise ValueError(f"device must be 'gpu' or 'cpu', got {options.device!r} ({source})")
-    if options.read_ahead not in ("auto", "on", "off"):
-        raise ValueError(f"read_ahead must be 'auto', 'on' or 'off', got {options.read_ahead!r} ({source})")
-    if options.gather not in ("auto", "on", "off"):
-        raise ValueError(f"gather must be 'auto', 'on' or 'off', got {options.gather!r} ({source})")
-    if options.decoder_process not in ("auto", "on", "off"):
-        raise ValueError(
-            f"decoder_process must be 'auto', 'on' or 'off', got {options.decoder_process!r} ({source})"
-        )
+    for name in ("read_ahead", "gather", "decoder_process"):
+        value = getattr(options, name)
+        if value not in ("auto", "on", "off"):
+            raise ValueError(f"{name} must be 'auto', 'on' or 'off', got {value!r} ({source})")
     if options.share_start not in ("decode", "now"):
         raise ValueError(f"share_start must be 'decode' or 'now', got {options.share_start!r} ({source})")
     if options.decode not in DECODE_CHOICES:
