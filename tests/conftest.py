@@ -72,6 +72,15 @@ def run_in_threads(work, count: int) -> list[BaseException]:
 
 
 @pytest.fixture
+def c_api(monkeypatch):
+    """nvCOMP's C API as where it loads, so that the decoder process can run for a GPU
+    read (the routes of a GPU read planned on a machine without one)."""
+    from cupy_xarray.engine.decoders import nvcomp
+
+    monkeypatch.setattr(nvcomp, "library", lambda: object())
+
+
+@pytest.fixture
 def options():
     """``options(name=value, ...)`` changes cupy_xarray's settings for the rest of the test
     (:func:`cupy_xarray.set_options`); they are restored afterwards."""

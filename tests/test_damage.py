@@ -662,9 +662,10 @@ def test_stored_checksums_are_read_from_the_framing():
     "layout",
     ["v3-zstd", "v3-zstd-crc32c", "v3-gzip", "v3-lz4", "v3-blosc-zstd-shuffle", "v3-blosc-lz4-shuffle"],
 )
-def test_describe_says_where_a_gpu_read_decodes(tmp_path, layout):
+def test_describe_says_where_a_gpu_read_decodes(tmp_path, layout, c_api, options):
     """The debug line of a GPU read names CPU threads for what decode= keeps from nvCOMP, and
-    both processors where decode='auto' shares the chunks."""
+    both processors where decode='auto' shares the chunks; without the decoder process,
+    CPU threads for the frames no check proves."""
     from types import SimpleNamespace
 
     import damage
@@ -681,6 +682,10 @@ def test_describe_says_where_a_gpu_read_decodes(tmp_path, layout):
     assert ("decoder process" in describe(spec, gpu)) == (layout in unproven)
     assert "CPU threads" not in describe(spec, gpu, "gpu")
     assert "CPU threads (decode='cpu')" in describe(spec, gpu, "cpu")
+    options(nvcomp_c=False)  # nvCOMP's Python API alone: no decoder process
+    kept = ("v3-zstd", "v3-blosc-zstd-shuffle")  # gzip's streams: nvCOMP in this process
+    assert ("CPU threads (decode='auto')" in describe(spec, gpu)) == (layout in kept)
+    assert "decoder process" not in describe(spec, gpu)
 
 
 @pytest.mark.parametrize("kind", ["zstd", "gzip"])

@@ -731,28 +731,36 @@ def test_a_body_that_stalls_every_time_is_named(large_bodies, monkeypatch, optio
 
 
 @pytest.mark.parametrize(
-    ("codecs", "decode", "pinned"),
-    [
-        ((), "auto", True),  # copied (or read in place by the placing kernel) as they are
-        (("zstd",), "auto", True),  # nvCOMP may decode them, in the decoder process
-        (("zstd",), "gpu", True),
-        (("crc32c", "zstd"), "auto", True),  # a checksum proves the frames first: nvCOMP may
-        (("blosc-lz4",), "auto", True),
-        (("blosc-zstd",), "auto", True),  # shared: nvCOMP may take them, in the decoder process
-        (("gzip",), "auto", True),
-        (("lz4",), "auto", True),  # nvCOMP may decode them (a large read)
-        (("zstd",), "cpu", False),
-        (("crc32c",), "auto", False),  # raw bytes checked on the host
+    ("codecs", "decode", "pinned", "without_process"),
+    [  # without_process: where the decoder process cannot run (nvCOMP without its C API, or off)
+        ((), "auto", True, True),  # copied (or read in place by the placing kernel) as they are
+        (("zstd",), "auto", True, False),  # nvCOMP may decode them, in the decoder process
+        (("zstd",), "gpu", True, True),
+        (("crc32c", "zstd"), "auto", True, True),  # a checksum proves the frames first: nvCOMP may
+        (("blosc-lz4",), "auto", True, True),  # streams nvCOMP decodes safely in this process
+        (("blosc-zstd",), "auto", True, False),  # shared: nvCOMP may take them, in the decoder process
+        (("gzip",), "auto", True, True),
+        (("lz4",), "auto", True, True),  # nvCOMP may decode them (a large read)
+        (("zstd",), "cpu", False, False),
+        (("crc32c",), "auto", False, False),  # raw bytes checked on the host
     ],
 )
-def test_what_lands_in_pinned_memory(codecs, decode, pinned):
+def test_what_lands_in_pinned_memory(codecs, decode, pinned, without_process, monkeypatch, options):
     """Fetched bytes land page-locked where they go to the GPU as they are, never for a read
-    to the host."""
+    to the host; unproven streams only where the decoder process can take them."""
     from types import SimpleNamespace
 
+    from cupy_xarray.engine.decoders import nvcomp
+
     spec = SimpleNamespace(recipe=SimpleNamespace(bytes_codecs=codecs))
-    assert lands_pinned(spec, SimpleNamespace(name="gpu"), decode) is pinned
-    assert lands_pinned(spec, SimpleNamespace(name="cpu"), decode) is False
+    gpu, cpu = SimpleNamespace(name="gpu"), SimpleNamespace(name="cpu")
+    monkeypatch.setattr(nvcomp, "library", lambda: object())  # as where nvCOMP's C API loads
+    assert lands_pinned(spec, gpu, decode) is pinned
+    assert lands_pinned(spec, cpu, decode) is False
+    options(nvcomp_c=False)  # nvCOMP's Python API only: no decoder process
+    assert lands_pinned(spec, gpu, decode) is (pinned and without_process)
+    options(nvcomp_c=True, decoder_process="off")
+    assert lands_pinned(spec, gpu, decode) is (pinned and without_process)
 
 
 def test_only_the_threaded_fetcher_lands_bytes_pinned(http, tmp_path):

@@ -31,15 +31,21 @@ CPU = SimpleNamespace(name="cpu", threads=16)
 RATES = {k: v for k, v in sch.DEFAULT_RATES.items()}
 
 
-def test_auto_keeps_unsafe_streams_on_cpu_threads(options):
-    """Without the decoder process, zstd frames no check proves stay off nvCOMP."""
-    options(decoder_process="off")
+@pytest.mark.parametrize("without", [{"decoder_process": "off"}, {"nvcomp_c": False}, {}])
+def test_auto_keeps_unsafe_streams_on_cpu_threads(without, options, monkeypatch):
+    """Without the decoder process (off, nvCOMP's Python API only, or no C API to load),
+    zstd frames no check proves stay off nvCOMP, and the decision says so."""
+    from cupy_xarray.engine.decoders import nvcomp
+
+    monkeypatch.setattr(nvcomp, "library", lambda: object() if without else None)
+    options(**{"decoder_process": "auto", **without})
     routes, d = Scheduler(RATES).routes(_tasks(("zstd",), 500), GPU, "auto")
-    assert set(routes) == {"host"} and d.host == 500 and d.gpu == 0
+    assert set(routes) == {"host"} and d.host == 500 and d.gpu == 0 and not d.shared
     assert "does not report damaged frames" in d.why
+    assert not sch.nvcomp_decodes(("zstd",), GPU, "auto")
 
 
-def test_unproven_streams_are_shared_and_decode_in_the_decoder_process(options):
+def test_unproven_streams_are_shared_and_decode_in_the_decoder_process(options, c_api):
     """With the decoder process, decode='auto' shares zstd frames (and Blosc's blocks) no
     check has proven between both processors, and nvCOMP decodes its part in that process."""
     options(decoder_process="auto")
@@ -73,7 +79,7 @@ def paces():
 
 
 @pytest.mark.parametrize("codecs", [("gzip",), ("lz4",), ("blosc-lz4",), ("zstd",)])
-def test_a_split_is_chosen_by_the_time_each_end_takes(codecs, paces):
+def test_a_split_is_chosen_by_the_time_each_end_takes(codecs, paces, c_api):
     """A selection of a chunk goes to CPU threads (an nvCOMP call costs more than decoding
     it); whichever route is chosen, it is the one the figures say ends first, and a split
     ends sooner than either processor alone by the margin."""
@@ -137,7 +143,7 @@ def _planned(count: int):
     return [SimpleNamespace(direct=None, **vars(t)) for t in _tasks(("zstd",), count)]
 
 
-def test_a_route_that_ran_slower_than_its_figures_is_charged_for_it(paces):
+def test_a_route_that_ran_slower_than_its_figures_is_charged_for_it(paces, c_api):
     """A split that took three times its figures is not chosen again for reads of that size
     (reads of another size keep their own factor); the route chosen instead keeps the reads
     once it ran as figured. Nothing is learned before the route's processors warmed up."""
@@ -453,6 +459,31 @@ def test_default_reads_learn_their_route_factor(tmp_path, paces):
         np.testing.assert_array_equal(host(got), want)
     assert observed._outcomes, "no route factor learned"
     assert {k[1] for k in observed._outcomes} == {"zstd"}
+
+
+@pytest.mark.gpu
+def test_without_the_c_api_a_default_read_reports_what_decoded(tmp_path, options, paces):
+    """With ``nvcomp_c=False`` (nvCOMP's Python API only: no decoder process), a default read
+    of zstd frames no check proves, which the figures would send to nvCOMP, decodes on CPU
+    threads and its report says so; zarr-python's values either way."""
+    from cupy_xarray import record_reads
+    from cupy_xarray.engine.decoders import Rates
+
+    arr = _store(tmp_path, "zstd", (64, 256, 256), (4, 256, 256))
+    spec, dev, want = array_spec(arr, name="zstd"), resolve_device("gpu"), arr[:]
+    fast_gpu = {"zstd": Rates(host_thread=1e6, gpu=1e13, gpu_stream=1e13, gpu_call=1e-6)}
+    sel = (slice(None),) * 3
+    for c_api in (True, False):
+        options(nvcomp_c=c_api)
+        with record_reads() as reports:
+            (got,) = read_arrays([(spec, sel)], dev, decode="auto", scheduler=Scheduler(fast_gpu))
+        np.testing.assert_array_equal(host(got), want)
+        (d,) = reports[-1].decisions
+        if c_api:  # the figures send the frames to nvCOMP, in the decoder process
+            assert d.gpu == 16 and d.host == 0, str(d)
+        else:
+            assert d.gpu == 0 and d.host == 16 and not d.shared, str(d)
+            assert "16 to CPU threads" in str(reports[-1])
 
 
 @pytest.mark.parametrize("gather", ["off", "on"])

@@ -34,7 +34,7 @@ from .notes import reporting
 from .place import prepare
 from .plan import normalize_selection, output_shape, plan_chunks
 from .read import RUNNING, Read, _recorders, check_memory, record_reads
-from .schedule import Scheduler, fixed_route, isolable, stream_kind
+from .schedule import Scheduler, decoder_process_on, fixed_route, isolable, stream_kind
 from .spec import ArraySpec
 from .waves import execute_waves, wave_bytes
 
@@ -54,7 +54,7 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
     where = device.codecs.name if r.bytes_codecs else device.io.name
     if stream_kind(r.bytes_codecs) is not None:
         choice = decode_choice(decode)
-        route = fixed_route(r.bytes_codecs, choice)[0] if device.name == "gpu" else "host"
+        route = fixed_route(r.bytes_codecs, choice, device)[0] if device.name == "gpu" else "host"
         if device.name != "gpu":
             where = "CPU threads, one chunk each"
         elif route == "batch":
@@ -63,15 +63,12 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
             where = f"CPU threads (decode={choice!r}), copied to the GPU"
         else:
             where = "nvCOMP and CPU threads, sharing one queue (decode='auto')"
-        if device.name == "gpu" and route != "host" and isolable(r.bytes_codecs) and not _off():
+        isolated = isolable(r.bytes_codecs) and decoder_process_on(device)
+        if device.name == "gpu" and route != "host" and isolated:
             where += ", nvCOMP in the decoder process"
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
     fetched = f", fetched from {spec.source.url}" if spec.source is not None else ""
     return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}{fetched}"
-
-
-def _off() -> bool:
-    return get_options().decoder_process == "off"
 
 
 def _run(read: Read) -> list[Any]:

@@ -241,7 +241,7 @@ class Scheduler:
         if kind is None:  # crc32c alone
             return ["batch"] * len(tasks), None
         key = recipe.key
-        route, why = fixed_route(codecs, decode)
+        route, why = fixed_route(codecs, decode, device)
         if route is not None:
             n = len(tasks) if route == "batch" else 0
             return [route] * len(tasks), Decision(name, codec, n, len(tasks) - n, why, kind, key)
@@ -350,15 +350,16 @@ def device_key(device: Any) -> str:
     return f"gpu:{xp.cuda.Device().id}" if name == "gpu" and xp is not None else name
 
 
-def fixed_route(codecs: tuple[str, ...], decode: str) -> tuple[str | None, str]:
+def fixed_route(codecs: tuple[str, ...], decode: str, device: Any) -> tuple[str | None, str]:
     """The route every chunk of a compressed chain takes on a GPU read whatever the cost
-    model would say, and why; ``(None, "")`` where the model chooses."""
+    model would say, and why; ``(None, "")`` where the model chooses (streams nvCOMP decodes
+    safely: proven by a checksum, or in the decoder process where it can run)."""
     if decode == "gpu":
         return "batch", "decode='gpu'"
     if decode == "cpu":
         return "host", "decode='cpu'"
     kind = stream_kind(codecs)
-    isolated = isolable(codecs) and get_options().decoder_process != "off"
+    isolated = isolable(codecs) and decoder_process_on(device)
     if not isolated and not decodes_on_gpu(kind, "auto", proven(codecs)):
         return "host", stream(kind).host_only or "decoded safely on the CPU"
     return None, ""
@@ -417,7 +418,7 @@ def lands_pinned(spec: Any, device: Any, decode: str = "auto") -> bool:
     codecs = spec.recipe.bytes_codecs
     if not codecs:
         return True
-    return compressor(codecs) is not None and fixed_route(codecs, decode)[0] != "host"
+    return compressor(codecs) is not None and fixed_route(codecs, decode, device)[0] != "host"
 
 
 # -- calibration ----------------------------------------------------------------------------
