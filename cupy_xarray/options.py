@@ -88,6 +88,7 @@ class Options:
     job_bytes: int = 4 * 2**20
     share_start: str = "decode"
     share_margin: float = 0.1
+    route_explore: float = 0.0
     kept_buffer_bytes: int = 64 * 2**20
     small_read_bytes: int = 64 * 2**20
     gather_read_bytes: int = 256 * 2**20

@@ -168,6 +168,36 @@ def test_a_route_that_ran_slower_than_its_figures_is_charged_for_it(paces, c_api
     assert observed.outcome(key, "zstd", "share", nbytes) == 3.0
 
 
+def test_a_close_route_is_tried_once_at_a_size(paces, c_api, options):
+    """With ``route_explore``, a processor alone never read at a size whose figures come
+    close to the learned route's time is tried once; whichever then ran faster keeps the
+    reads. Without it, or where its figures are further off, it is not tried."""
+    s, key = Scheduler(RATES), sch.device_key(GPU)
+    _saw("pool", key, "zstd", 8 * 10**9, 1.0)
+    _saw("gpu", key, "zstd", 2.0, 1.0)
+    tasks = _planned(64)
+    first = s.plan(tasks, GPU, "auto", 2**31)
+    _, chosen, _, model_s = first.model
+    assert chosen in ("host", "batch")
+    other = "batch" if chosen == "host" else "host"
+    s.saw_read(first, GPU, model_s)  # ran as figured
+    why = s.split(tasks, GPU, "zstd").why
+    ms = {"batch": r"call (\d+) ms", "host": r"threads (\d+) ms"}
+    t = {r: float(re.search(pattern, why).group(1)) / 1e3 for r, pattern in ms.items()}
+    ratio = t[other] / t[chosen]
+    options(route_explore=0.9 * ratio)
+    assert s.plan(tasks, GPU, "auto", 2**31).model[1] == chosen
+    options(route_explore=1.1 * ratio)
+    tried = s.plan(tasks, GPU, "auto", 2**31)
+    assert tried.model[1] == other and "tried at this size" in tried.decisions[0].why
+    s.saw_read(tried, GPU, 0.5 * t[chosen])  # it ran in half the chosen route's time
+    again = s.plan(tasks, GPU, "auto", 2**31)
+    assert again.model[1] == other and "tried" not in again.decisions[0].why  # and keeps the reads
+    for _ in range(3):
+        s.saw_read(again, GPU, 10 * t[chosen])  # until it runs slow
+    assert s.plan(tasks, GPU, "auto", 2**31).model[1] == chosen
+
+
 def test_the_threads_pace_beside_the_batches_is_kept_apart(paces):
     """The CPU threads slowed beside the batches do not make them look slow alone: the pace
     of a shared queue's back is its own figure."""

@@ -4,7 +4,8 @@
 # the package under BASE= for "base", this checkout for "new", and "now": this checkout with
 # CUPY_XARRAY_SHARE_START=now), at 1 GiB (QUICK_GIB) and, where RECORD_GIB is set, at that size.
 # Usage on the GPU machine:  OUT=/some/dir BASE=/path/to/old/package/parent bash tools/gpu_routes.sh
-# (TESTS= the test files to run with -m gpu; VARIANTS= the engines compared)
+# (TESTS= the test files to run with -m gpu; VARIANTS= the engines compared, each maybe with
+# engine settings after "@", e.g. "base new new@read_ahead=on")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=$PWD
@@ -19,21 +20,23 @@ python3 -m compileall -q -j 0 "${SITE:-/tmp/site}" "$R/cupy_xarray" "${BASE:-$R/
   ${TESTS:-tests/test_share.py tests/test_schedule.py tests/test_engine.py tests/test_gather.py} > "$OUT/gpu_tests.log" 2>&1
 tail -3 "$OUT/gpu_tests.log"
 cd benchmarks
-bench() {  # name, size, extra args
+bench() {  # name[@setting=value,...], size, extra args
   local v=$1 size=$2; shift 2
-  local p=$R start=decode
-  [ "$v" = base ] && p=${BASE:-$R/.base}
-  [ "$v" = now ] && start=now
+  local p=$R start=decode engine sets=() f=${v//[@=,]/_}
+  engine=${v%%@*}
+  [ "$v" != "$engine" ] && for kv in $(tr , ' ' <<< "${v#*@}"); do sets+=(--set "$kv"); done
+  [ "$engine" = base ] && p=${BASE:-$R/.base}
+  [ "$engine" = now ] && start=now
   PYTHONPATH=$p:${SITE:-/tmp/site} CUPY_XARRAY_SHARE_START=$start timeout "${BENCH_S:-200}" \
-    python3 route_table.py --dir /tmp/routes --size-gib "$size" --json "$OUT/$v-$size.json" "$@" \
-    > "$OUT/$v-$size.log" 2>&1
+    python3 route_table.py --dir /tmp/routes --size-gib "$size" --json "$OUT/$f-$size.json" "${sets[@]}" "$@" \
+    > "$OUT/$f-$size.log" 2>&1
   echo "$v $size GiB: rc $?"
 }
 [ "${QUICK_GIB:-1}" = 0 ] || for v in ${VARIANTS:-base new now}; do bench "$v" "${QUICK_GIB:-1}" --fresh-runs 1 --repeat 2; done
-[ "${QUICK_GIB:-1}" = 0 ] || python3 route_table.py --compare $(for v in ${VARIANTS:-base new now}; do echo "$OUT/$v-${QUICK_GIB:-1}.json"; done)
+[ "${QUICK_GIB:-1}" = 0 ] || python3 route_table.py --compare $(for v in ${VARIANTS:-base new now}; do echo "$OUT/${v//[@=,]/_}-${QUICK_GIB:-1}.json"; done)
 if [ -n "${RECORD_GIB:-}" ]; then
   for v in ${RECORD_VARIANTS:-base new}; do
     bench "$v" "$RECORD_GIB" --fresh-runs 2 --repeat 3 --skip era5 --stores "${RECORD_STORES:-zstd tiles,zstd3 tiles}"
   done
-  python3 route_table.py --compare $(for v in ${RECORD_VARIANTS:-base new}; do echo "$OUT/$v-$RECORD_GIB.json"; done)
+  python3 route_table.py --compare $(for v in ${RECORD_VARIANTS:-base new}; do echo "$OUT/${v//[@=,]/_}-$RECORD_GIB.json"; done)
 fi

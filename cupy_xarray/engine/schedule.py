@@ -293,8 +293,8 @@ class Scheduler:
         front = total - x
         t_split = stored * front / total / io + gpu(front)
         model = {"host": t_cpu, "batch": t_gpu, "share": t_split}
-        factor = {route: observed.outcome(key, chain, route, total) or 1.0 for route in model}
-        charged = {route: t * factor[route] for route, t in model.items()}
+        factor = {route: observed.outcome(key, chain, route, total) for route in model}
+        charged = {route: t * (factor[route] or 1.0) for route, t in model.items()}
         t_cpu, t_gpu, t_split = charged["host"], charged["batch"], charged["share"]
         names = ", ".join(dict.fromkeys(t.spec.name for t in tasks))
         figures = f"reads + nvCOMP call {t_gpu * 1e3:.0f} ms, CPU threads {t_cpu * 1e3:.0f} ms"
@@ -305,6 +305,10 @@ class Scheduler:
             route, why = "host", f"CPU threads alone: {figures}"
         else:
             route, why = "batch", f"nvCOMP alone: {figures}"
+        tried = _worth_a_try(route, charged, factor, seen)
+        if tried is not None:
+            alone = "CPU threads alone" if tried == "host" else "nvCOMP alone"
+            route, why = tried, f"{alone}, tried at this size: {figures}"
         share = route == "share"
         return Split(
             route,
@@ -316,6 +320,22 @@ class Scheduler:
             seen.warm(route),
             total,
         )
+
+
+def _worth_a_try(chosen: str, charged: dict, factors: dict, pace: observed.Pace) -> str | None:
+    """A processor alone that the chosen route's learned time does not rule out: one never
+    read at this size, warm, whose figures come within the ``route_explore`` option of the
+    chosen route's charged time, once that route has shown what it takes (its factor is
+    seen). The figures' pace is each processor's on another read (another array, size or
+    data): one read of each settles which really ends first."""
+    explore = get_options().route_explore
+    if explore <= 0 or factors[chosen] is None:
+        return None
+    for other in ("host", "batch"):
+        if other != chosen and factors[other] is None and pace.warm(other):
+            if charged[other] <= explore * charged[chosen]:
+                return other
+    return None
 
 
 @dataclass
