@@ -867,11 +867,11 @@ def test_missing_credentials_say_so(s3, monkeypatch, tmp_path, options):
 def test_a_protocol_without_its_file_system_names_the_package():
     import importlib.util
 
-    from cupy_xarray.backend import _install_hint
+    from cupy_xarray.opening import install_hint
 
     if importlib.util.find_spec("gcsfs") is None:
         with pytest.raises(
             StoreError, match=r"gs:// stores open through fsspec's gcsfs: pip install fsspec gcsfs"
         ):
             xr.open_dataset("gs://bucket/data.zarr", engine="kvikio", device="cpu")
-    assert "adlfs" in _install_hint("abfs://c/x.zarr") and "s3fs" in _install_hint("s3://b/x.zarr")
+    assert "adlfs" in install_hint("abfs://c/x.zarr") and "s3fs" in install_hint("s3://b/x.zarr")
