@@ -186,7 +186,7 @@ def threaded_chunks(path: str, threads: int, per_thread: int = 64) -> None:
     ways = {} if codec is not None else {"bare pread + copy": bare}  # the bare read decodes nothing
     ways["read_arrays"] = lambda i: read_arrays([(spec, whole[i % len(whole)])], dev)[0]
     ways["xarray indexing"] = lambda i: ds["field"][whole[i % len(whole)]].data
-    steps = [(reader, "locate"), (reader, "execute"), (host, "_direct_job"), (host, "_pread_into")]
+    steps = [(reader, "locate"), (reader, "execute"), (host, "_direct_job"), (host, "pread_into")]
     saved = [(m, name, getattr(m, name)) for m, name in steps]
     for m, name, fn in saved:
         setattr(m, name, timed(name, fn))

@@ -142,7 +142,7 @@ def reads(threads, files, sizes, slots, dev, host, repeat, report) -> None:
         return dt
 
     def posix_pinned():
-        for fu in [pool.submit(io._pread_into, op) for op in hops]:
+        for fu in [pool.submit(io.pread_into, op) for op in hops]:
             fu.result()
         dev.set(host)
         cupy.cuda.runtime.deviceSynchronize()
@@ -154,7 +154,7 @@ def reads(threads, files, sizes, slots, dev, host, repeat, report) -> None:
 
         def run(group):
             for op in group:
-                io._pread_into(op)
+                io.pread_into(op)
 
         for fu, i in [(pool.submit(run, hops[i : i + step]), i) for i in range(0, n, step)]:
             fu.result()

@@ -73,9 +73,9 @@ def warm_engine(threads: int) -> None:
     except Exception:  # noqa: BLE001
         pass
     try:
-        from .engine.io import _kvikio_enter, _kvikio_exit
+        from .engine.io import kvikio_enter, kvikio_exit
 
-        _kvikio_enter(threads)  # kvikio's pool of threads, made once
-        _kvikio_exit()
+        kvikio_enter(threads)  # kvikio's pool of threads, made once
+        kvikio_exit()
     except Exception:  # noqa: BLE001 - no kvikio, or none that works here
         pass

@@ -554,15 +554,15 @@ def test_host_route_groups_small_chunks_into_jobs_and_reports_the_first_error(tm
 
 
 def _reading_threads(monkeypatch, module) -> list:
-    """The threads ``module._pread_into`` runs on from now on, in order (filled as it runs)."""
+    """The threads ``module.pread_into`` runs on from now on, in order (filled as it runs)."""
     threads = []
-    real = module._pread_into
+    real = module.pread_into
 
     def recorded(op):
         threads.append(threading.current_thread())
         real(op)
 
-    monkeypatch.setattr(module, "_pread_into", recorded)
+    monkeypatch.setattr(module, "pread_into", recorded)
     return threads
 
 

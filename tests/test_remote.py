@@ -560,14 +560,14 @@ def test_fetched_bytes_are_read_where_they_landed(http, monkeypatch, device):
     (copied to the device at full speed), in blocks cupy's pinned pool reuses."""
     from cupy_xarray.engine import host
 
-    real_read, real_land = host._pread_into, remote.pinned_landing
+    real_read, real_land = host.pread_into, remote.pinned_landing
     landed: list[int] = []
 
     def read(op):
         assert op.blob is None, f"fetched bytes of {op.chunk} copied before use"
         real_read(op)
 
-    monkeypatch.setattr(host, "_pread_into", read)
+    monkeypatch.setattr(host, "pread_into", read)
     monkeypatch.setattr(remote, "pinned_landing", lambda n: landed.append(n) or real_land(n))
     url = f"{http.url}/s.zarr"
     want = xr.open_dataset(url, engine="zarr").load()

@@ -38,7 +38,7 @@ import numpy as np
 from ..options import Options, carried
 from .buffers import thread_buffer
 from .decoders import decode_on_host
-from .io import _pread_into, blob_bytes, first_error, run_now
+from .io import blob_bytes, first_error, pread_into, run_now
 from .place import place_fetched, place_from_host
 from .tasks import ChunkTask
 
@@ -90,7 +90,7 @@ def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
         # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
         stored = thread_buffer("stored", task.nbytes, pinned=gpu and not recipe.bytes_codecs)
         if hi > lo:
-            _pread_into(task.read_op(task.offset + lo, hi - lo, stored[lo:hi]))
+            pread_into(task.read_op(task.offset + lo, hi - lo, stored[lo:hi]))
     t1 = time.perf_counter()
     data = stored
     if recipe.bytes_codecs:
@@ -122,13 +122,13 @@ def _direct_job(task: ChunkTask, out: Any, device: Any) -> None:
     op = task.read_op(file_off, n)
     if device.name != "gpu":
         op.dest = out.reshape(-1).view(np.uint8)[dst : dst + n]
-        _pread_into(op)
+        pread_into(op)
         return
     if task.blob is not None:
         src = np.ascontiguousarray(blob_bytes(op))
     else:
         src = op.dest = thread_buffer("stored", n, pinned=True)
-        _pread_into(op)
+        pread_into(op)
     place_from_host(task, src, out, device)
 
 

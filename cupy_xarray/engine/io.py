@@ -156,7 +156,8 @@ def copy_blob(op: ReadOp) -> None:
         rt.memcpy(op.dest.data.ptr, src.ctypes.data, op.nbytes, rt.memcpyHostToDevice)
 
 
-def _pread_into(op: ReadOp) -> None:
+def pread_into(op: ReadOp) -> None:
+    """Read ``op``'s byte ranges into its host buffer (``os.preadv``; a fetched blob is copied)."""
     if op.blob is not None:
         copy_blob(op)
         return
@@ -214,8 +215,8 @@ class _PosixSession:
         # reads of a few bytes in all run on this thread (a hand-off to the pool and back
         # costs tens of microseconds, more than reading them), as does a single read
         if len(ops) == 1 or sum(op.nbytes for op in ops) <= get_options().inline_read_bytes:
-            return _Pending([run_now(_pread_into, op) for op in ops])
-        return _Pending([self._pool.submit(_pread_into, op) for op in ops])
+            return _Pending([run_now(pread_into, op) for op in ops])
+        return _Pending([self._pool.submit(pread_into, op) for op in ops])
 
 
 _kept_pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
@@ -262,7 +263,9 @@ _kvikio_idle_since = 0.0
 _kvikio_watcher: threading.Thread | None = None
 
 
-def _kvikio_enter(threads: int) -> None:
+def kvikio_enter(threads: int) -> None:
+    """A reader of ``threads`` kvikio threads starts: kvikio's thread count is raised to it
+    while any reader runs, and given back once they have been idle a while (:func:`kvikio_exit`)."""
     global _kvikio_users, _kvikio_saved
     import kvikio.defaults as kd
 
@@ -274,7 +277,8 @@ def _kvikio_enter(threads: int) -> None:
         _kvikio_users += 1
 
 
-def _kvikio_exit() -> None:
+def kvikio_exit() -> None:
+    """A reader started by :func:`kvikio_enter` is done."""
     global _kvikio_users, _kvikio_idle_since, _kvikio_watcher
     with _kvikio_lock:
         _kvikio_users -= 1
@@ -402,8 +406,8 @@ class KvikioIO:
             from ..errors import missing_package
 
             raise missing_package("kvikio", exc) from None
-        _kvikio_enter(threads)
+        kvikio_enter(threads)
         try:
             yield _KvikioSession(threads)
         finally:
-            _kvikio_exit()
+            kvikio_exit()

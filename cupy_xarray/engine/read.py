@@ -97,7 +97,7 @@ class ReadReport:
         return "\n".join(lines)
 
 
-_recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_reports", default=None)
+recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_reports", default=None)
 
 
 @contextlib.contextmanager
@@ -110,7 +110,7 @@ def record_reads():
     ...     ds.load()
     >>> print(reports[-1])  # doctest: +SKIP
     """
-    with collecting(_recorders) as reports:
+    with collecting(recorders) as reports:
         yield reports
 
 
@@ -235,7 +235,7 @@ class Read:
         report.phases = dict(self.clock.stats)
         report.crowded = self.clock.crowded
         report.nbytes = sum(int(getattr(o, "nbytes", 0)) for o in self.outs if o is not None)
-        file(_recorders, report)
+        file(recorders, report)
 
 
 def progress_bytes(tasks: list) -> int:

@@ -33,7 +33,7 @@ from .locate import locate
 from .notes import reporting
 from .place import prepare
 from .plan import normalize_selection, output_shape, plan_chunks
-from .read import RUNNING, Read, _recorders, check_memory, record_reads
+from .read import RUNNING, Read, check_memory, record_reads, recorders
 from .schedule import Scheduler, decoder_process_on, fixed_route, isolable, stream_kind
 from .spec import ArraySpec
 from .waves import execute_waves, wave_bytes
@@ -232,7 +232,7 @@ def read_arrays(
 
         key = (id(device), choice, size, id(sched), options)
         return SERVICE.read(
-            normalized, nbytes, key, read, _recorders.get(), options.gather_wait, options.gather_bytes
+            normalized, nbytes, key, read, recorders.get(), options.gather_wait, options.gather_bytes
         )
     return _read_now(normalized, device, options, choice, size, show, sched)
 

@@ -47,7 +47,7 @@ from .encoders import (
     stream_shape,
 )
 
-_recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
+recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
 
 
 @contextlib.contextmanager
@@ -63,7 +63,7 @@ def record_writes():
     ...     ds.cupy.to_zarr("out.zarr")
     >>> print(reports[-1])  # doctest: +SKIP
     """
-    with collecting(_recorders) as reports:
+    with collecting(recorders) as reports:
         yield reports
 
 
@@ -396,7 +396,7 @@ def to_zarr(ds: xr.Dataset, store: Any, **kwargs: Any) -> Any:
 def _by_xarray(names: list[str], why: str) -> None:
     """File the report of a write xarray makes of every variable itself, and why."""
     why = why or "no variable the engine writes (see the writing guide)"
-    file(_recorders, WriteReport(notes=[why], by_xarray=names))
+    file(recorders, WriteReport(notes=[why], by_xarray=names))
 
 
 _quieting = threading.Lock()
@@ -490,7 +490,7 @@ def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool,
     writer = _ChunkWriter(
         root, _threads(), overwrite=kind != "new", write_empty=kwargs.get("write_empty_chunks")
     )
-    file(_recorders, writer.report)
+    file(recorders, writer.report)
     tasks = []
     for node in nodes:
         for name in node.fast + node.blocks:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.decoders.nvcomp import _Alignments, _function, one_per_algorithm, status_text, version
+from ..engine.decoders.nvcomp import Alignments, c_function, one_per_algorithm, status_text, version
 
 #: compressors the writer runs on the GPU, by the nvCOMP algorithm that makes their streams
 ALGORITHMS = ("Zstd", "LZ4")
@@ -47,22 +47,22 @@ class BatchedEncoder:
         self.algo = algo
         p, n = ctypes.c_void_p, ctypes.c_size_t
         if version >= 6000:  # nvCOMP 6 takes a stream; nvCOMP 5's "...GetTempSizeAsync" does not
-            self._temp = _function(
+            self._temp = c_function(
                 lib, f"nvcompBatched{algo}CompressGetTempSize", [n, n, _CompressOpts, ctypes.POINTER(n), n, p]
             )
         else:
             name = f"nvcompBatched{algo}CompressGetTempSizeAsync"
-            fn = _function(lib, name, [n, n, _CompressOpts, ctypes.POINTER(n), n])
+            fn = c_function(lib, name, [n, n, _CompressOpts, ctypes.POINTER(n), n])
             self._temp = lambda count, most, opts, out, total, stream: fn(count, most, opts, out, total)
-        self._max_out = _function(
+        self._max_out = c_function(
             lib, f"nvcompBatched{algo}CompressGetMaxOutputChunkSize", [n, _CompressOpts, ctypes.POINTER(n)]
         )
-        self._compress = _function(
+        self._compress = c_function(
             lib, f"nvcompBatched{algo}CompressAsync", [p, p, n, n, p, n, p, p, _CompressOpts, p, p]
         )
-        align = _Alignments()
+        align = Alignments()
         name = f"nvcompBatched{algo}CompressGetRequiredAlignments"
-        fn = _function(lib, name, [_CompressOpts, ctypes.POINTER(_Alignments)])
+        fn = c_function(lib, name, [_CompressOpts, ctypes.POINTER(Alignments)])
         self._opts = _CompressOpts()
         if fn(self._opts, ctypes.byref(align)) != 0:
             raise RuntimeError(f"nvCOMP {algo}: alignment query failed")

@@ -51,7 +51,10 @@ class _Opts(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
 
 
-class _Alignments(ctypes.Structure):
+class Alignments(ctypes.Structure):
+    """nvCOMP's ``nvcompAlignmentRequirements_t``: the byte alignment of inputs, outputs and
+    scratch a batched call needs."""
+
     _fields_ = [("input", ctypes.c_size_t), ("output", ctypes.c_size_t), ("temp", ctypes.c_size_t)]
 
 
@@ -109,7 +112,8 @@ def version() -> int:
     return _lib_version
 
 
-def _function(lib: Any, name: str, argtypes: list) -> Any:
+def c_function(lib: Any, name: str, argtypes: list) -> Any:
+    """``lib``'s C function ``name`` taking ``argtypes`` and returning an nvcompStatus_t."""
     fn = getattr(lib, name)
     fn.argtypes, fn.restype = argtypes, ctypes.c_int  # nvcompStatus_t
     return fn
@@ -187,24 +191,24 @@ class BatchedDecoder:
     def __init__(self, lib: Any, algo: str) -> None:
         name = self.algo = algo
         p, n = ctypes.c_void_p, ctypes.c_size_t
-        self._temp_size = _function(
+        self._temp_size = c_function(
             lib, f"nvcompBatched{name}DecompressGetTempSize", [n, n, _Opts, ctypes.POINTER(n), n, p]
         )
-        self._decompress = _function(
+        self._decompress = c_function(
             lib, f"nvcompBatched{name}DecompressAsync", [p, p, p, p, n, p, n, p, _Opts, p, p]
         )
-        alignments = _function(
-            lib, f"nvcompBatched{name}DecompressGetRequiredAlignments", [_Opts, ctypes.POINTER(_Alignments)]
+        alignments = c_function(
+            lib, f"nvcompBatched{name}DecompressGetRequiredAlignments", [_Opts, ctypes.POINTER(Alignments)]
         )
         self._temp_size_sync = None
         if name == "Zstd":
-            self._temp_size_sync = _function(
+            self._temp_size_sync = c_function(
                 lib,
                 f"nvcompBatched{name}DecompressGetTempSizeSync",
                 [p, p, n, n, ctypes.POINTER(n), n, _Opts, p, p],
             )
         self._opts = _Opts(backend=_BACKEND_CUDA)
-        align = _Alignments()
+        align = Alignments()
         status = alignments(self._opts, ctypes.byref(align))
         if status != 0:
             raise RuntimeError(f"nvCOMP {name}: alignment query failed (status {status})")

@@ -1,0 +1,44 @@
+"""The package's shape, checked from its imports: what one module takes from another."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "cupy_xarray"
+
+
+def _imports():
+    """(importing module, imported module, names) for every ``from ... import`` of the package."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        package = parts[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "cupy_xarray":
+                yield module, target, [a.name for a in node.names]
+
+
+def test_the_walk_sees_the_imports():
+    found = {(m, t) for m, t, _ in _imports()}
+    assert ("cupy_xarray.backend", "cupy_xarray.opening") in found
+    assert ("cupy_xarray.engine.reader", "cupy_xarray.engine.schedule") in found
+
+
+def test_no_module_takes_another_modules_private_names():
+    """What a module keeps to itself (a leading underscore) stays there: a name another
+    module needs is public, with a docstring."""
+    taken = [
+        f"{m} imports {n} from {t}"
+        for m, t, names in _imports()
+        for n in names
+        if n.startswith("_") and not n.startswith("__") and t != m
+    ]
+    assert not taken, taken
