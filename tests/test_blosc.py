@@ -12,6 +12,7 @@ from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, describe, read_arrays
 from cupy_xarray.engine.decoders import blosc as eb
 from cupy_xarray.errors import ChunkError
+from cupy_xarray.formats import blosc as fb
 
 SHUFFLES = {
     "noshuffle": numcodecs.Blosc.NOSHUFFLE,
@@ -39,7 +40,7 @@ def _layout_of(encoded: bytes, expected: int, cname: str):
         raw = buf[pos[:, None] + np.arange(4)[None, :]].astype(np.uint32)
         return raw[:, 0] | raw[:, 1] << 8 | raw[:, 2] << 16 | raw[:, 3] << 24
 
-    return buf, eb.layout(read_u32, np.array([0]), np.array([len(buf)]), expected, cname)
+    return buf, fb.layout(read_u32, np.array([0]), np.array([len(buf)]), expected, cname)
 
 
 @pytest.mark.parametrize("cname", ["lz4", "lz4hc", "zstd"])
@@ -270,7 +271,7 @@ def test_compressor_that_lies(tmp_path):
 def test_the_host_check_of_one_chunk_finds_what_the_layout_finds():
     """``check_one`` (plain Python, for CPU threads) raises exactly what ``layout`` raises, or
     nothing where it raises nothing, on valid and damaged chunks of every kind."""
-    from cupy_xarray.engine.decoders.blosc import BloscLayoutError, _check_vectorized, check_one
+    from cupy_xarray.formats.blosc import BloscLayoutError, _check_vectorized, check_one
 
     rng = np.random.default_rng(11)
     kinds = [

@@ -628,7 +628,7 @@ def test_blosc_chunks_of_one_zstd_block_read_as_written(tmp_path, fmt, dtype, sh
     """The Blosc chunks the GPU writes (one block each: the chunk byte-shuffled, one zstd
     stream, or the chunk as it is where that is no larger), made here with numcodecs' zstd:
     zarr-python, numcodecs and the engine read what was written."""
-    from cupy_xarray.engine.decoders import blosc as eb
+    from cupy_xarray.formats import blosc as eb
 
     values = (np.sin(np.arange(6 * 40 * 64) / 90).reshape(6, 40, 64) * 100).astype(dtype)
     noise = np.random.default_rng(0).integers(0, 256, 3 * 20 * 64 * values.itemsize, dtype=np.uint8)

@@ -182,7 +182,7 @@ def _native(dtype: np.dtype) -> np.dtype:
 
 def _blosc_name(conf: dict) -> str:
     """``blosc-<cname>`` for Blosc with a compressor nvCOMP decodes, else Unsupported."""
-    from .decoders.blosc import CNAMES
+    from ..formats.blosc import CNAMES
 
     cname = str(conf.get("cname", "lz4"))
     if cname not in CNAMES:

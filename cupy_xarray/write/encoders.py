@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.decoders import blosc as blosc_format
 from ..engine.io import kept_pool
 from ..engine.spec import ShardLayout, sharding
 from ..engine.spec import Unsupported as ReadUnsupported
+from ..formats import blosc as blosc_format
 from .nvcomp import MAX_CHUNK_BYTES, batched_encoder
 
 

@@ -212,18 +212,6 @@ class StreamDecoder:
         raise NotImplementedError
 
 
-def le32(raw: np.ndarray) -> np.ndarray:
-    """Little-endian 32-bit words from the last axis of a ``(..., 4)`` uint8 array."""
-    w = raw.astype(np.uint32)
-    return w[..., 0] | w[..., 1] << 8 | w[..., 2] << 16 | w[..., 3] << 24
-
-
-def be32(raw: np.ndarray) -> np.ndarray:
-    """Big-endian 32-bit words from the last axis of a ``(..., 4)`` uint8 array."""
-    w = raw.astype(np.uint32)
-    return w[..., 0] << 24 | w[..., 1] << 16 | w[..., 2] << 8 | w[..., 3]
-
-
 def aligned_slots(lengths: np.ndarray, align: int = 16) -> tuple[np.ndarray, int]:
     """Offsets that lay buffers of ``lengths`` bytes out back to back, each starting on an
     ``align``-byte boundary (nvCOMP's requirement), and the bytes that layout needs."""

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ...formats import blosc as blosc_format
+from ...formats.words import le32
 from . import blosc, crc32c
 from .base import DecodeFailure
 from .nvcomp import DecodeTimeout
@@ -150,8 +152,11 @@ def prepare_group(group: Any, device: Any) -> None:
     group.ready = (buffer, lay, blosc.ready_streams(device, buffer, lay, group.isolated))
 
 
-def _blosc_layout(tasks: list[Any], cname: str, expected: int, device: Any) -> tuple[Any, blosc.Layout]:
-    """The buffer holding a group's Blosc chunks and their layout (:func:`.blosc.layout`)."""
+def _blosc_layout(
+    tasks: list[Any], cname: str, expected: int, device: Any
+) -> tuple[Any, blosc_format.Layout]:
+    """The buffer holding a group's Blosc chunks and their layout
+    (:func:`cupy_xarray.formats.blosc.layout`)."""
     xp = device.xp
     staging = tasks[0].staging
     if staging is not None and all(t.staging is staging for t in tasks):
@@ -163,11 +168,11 @@ def _blosc_layout(tasks: list[Any], cname: str, expected: int, device: Any) -> t
     lengths = np.array([len(t.data) for t in tasks], dtype=np.int64)
 
     def read_u32(positions: np.ndarray) -> np.ndarray:
-        return blosc.le32(device.to_host(buffer[xp.asarray(positions[:, None] + np.arange(4)[None, :])]))
+        return le32(device.to_host(buffer[xp.asarray(positions[:, None] + np.arange(4)[None, :])]))
 
     try:
-        return buffer, blosc.layout(read_u32, starts, lengths, expected, cname)
-    except blosc.BloscLayoutError as exc:
+        return buffer, blosc_format.layout(read_u32, starts, lengths, expected, cname)
+    except blosc_format.BloscLayoutError as exc:
         raise tasks[exc.index].error(str(exc)) from exc
 
 
@@ -190,7 +195,7 @@ def _decode_blosc(group: Any, cname: str, expected: int, device: Any, clock: Any
             owners, views = blosc.decode_chunks(
                 buffer, lay, len(tasks), expected, device, clock.lap, targets, streams, boxes, group.isolated
             )
-    except blosc.BloscLayoutError as exc:
+    except blosc_format.BloscLayoutError as exc:
         raise tasks[exc.index].error(str(exc)) from exc
     except DecodeTimeout as exc:
         raise tasks[0].error(f"{exc} (a batch of {len(tasks)} chunks from this one)") from exc
@@ -279,7 +284,7 @@ def decode_on_host(task: Any, data: np.ndarray, final: np.ndarray | None) -> np.
         if name.startswith("blosc-"):
             try:
                 data = blosc.decode_one_on_host(data, expected, name[len("blosc-") :], into)
-            except blosc.BloscLayoutError as exc:
+            except blosc_format.BloscLayoutError as exc:
                 raise task.error(str(exc)) from exc
             continue
         failure: Exception | None = None

@@ -17,7 +17,8 @@ import zlib
 
 import numpy as np
 
-from .base import Rates, StreamDecoder, be32, le32
+from ...formats.words import be32, le32
+from .base import Rates, StreamDecoder
 
 
 def inflate(buf: memoryview, wbits: int, expected: int, what: str) -> bytes:

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import Rates, StreamDecoder, le32
+from ...formats.words import le32
+from .base import Rates, StreamDecoder
 
 MAGIC = b"\x28\xb5\x2f\xfd"
 
