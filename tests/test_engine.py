@@ -488,7 +488,8 @@ def test_a_one_chunk_gpu_read_needs_no_pinned_twin(tmp_path, monkeypatch):
     """A GPU read of one piece whose bytes are one run of the output (a dask task of one
     stored chunk) is read into the thread's own pinned buffer and copied once: no pinned twin
     of the output is allocated per read. A read of several pieces is still assembled in one."""
-    from cupy_xarray.engine import buffers, place
+    from cupy_xarray.engine import place
+    from cupy_xarray.runtime import buffers
 
     data = (np.arange(8 * 64 * 64, dtype="float32") % 1013).reshape(8, 64, 64)
     a = zarr.create_array(tmp_path / "a.zarr", data=data, chunks=(2, 64, 64), compressors=None)

@@ -42,3 +42,17 @@ def test_no_module_takes_another_modules_private_names():
         if n.startswith("_") and not n.startswith("__") and t != m
     ]
     assert not taken, taken
+
+
+def test_formats_and_runtime_stand_on_the_ground_floor():
+    """``formats`` (byte formats) and ``runtime`` (what reader and writer run on) import
+    nothing of the package but each other's floor: options, errors and device."""
+    floor = ("cupy_xarray.options", "cupy_xarray.errors", "cupy_xarray.device")
+    above = [
+        f"{m} imports {t}"
+        for m, t, _ in _imports()
+        if m.startswith(("cupy_xarray.formats", "cupy_xarray.runtime"))
+        and not t.startswith((*floor, "cupy_xarray.formats"))
+        and not (m.startswith("cupy_xarray.runtime") and t.startswith("cupy_xarray.runtime"))
+    ]
+    assert not above, above

@@ -494,7 +494,7 @@ def test_huge_array_metadata_is_refused_before_parsing(tmp_path, device):
 
 
 def test_large_cpu_decode_buffers_are_not_kept_by_threads(options):
-    from cupy_xarray.engine import buffers
+    from cupy_xarray.runtime import buffers
 
     options(kept_buffer_bytes=2**20)
     small = buffers.thread_buffer("probe", 2**19)

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.buffers import side_stream
 from . import batches as cut
 from . import host, observed
-from .buffers import side_stream
 from .decoders import decode_group, prepare_group, prepares, stream_kind, while_decoding
 from .place import bytes_of, copy_twins, host_twins, place_group, plan_boxes
 from .read import Read
@@ -64,7 +64,7 @@ def _groups(batch: list[ChunkTask], plan: Any) -> list[Group]:
 
 
 def _side(device: Any) -> Any:
-    """The stream work started ahead runs on (:func:`.buffers.side_stream`); none on the CPU."""
+    """The stream work started ahead runs on (:func:`~cupy_xarray.runtime.buffers.side_stream`); none on the CPU."""
     return side_stream(device.xp) if device.name == "gpu" else contextlib.nullcontext()
 
 

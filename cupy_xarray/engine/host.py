@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..options import Options, carried
-from .buffers import thread_buffer
+from ..runtime.buffers import thread_buffer
 from .decoders import decode_on_host
 from .io import blob_bytes, first_error, pread_into, run_now
 from .place import place_fetched, place_from_host

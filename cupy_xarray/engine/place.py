@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .buffers import pinned_buffer, thread_stream
+from ..runtime.buffers import pinned_buffer, thread_stream
 from .decoders import Box, decodes_into_boxes, writes_into_output
 from .plan import contiguous_span
 from .scatter import Boxes, box_copies, chunk_box, copy_bytes, place_chunk

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import OutOfMemoryError
 from ..options import Options
-from .notes import collecting, file
+from ..runtime.notes import collecting, file
 from .plan import output_shape
 from .schedule import Decision, Scheduler
 from .spec import ArraySpec

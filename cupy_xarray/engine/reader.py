@@ -24,13 +24,13 @@ from typing import Any
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkChangedError, OutOfMemoryError
 from ..options import get_options
-from .buffers import on_thread_stream
+from ..runtime.buffers import on_thread_stream
+from ..runtime.notes import reporting
 from .decoders import decode_choice
 from .execute import execute
 from .fallback import check_files, is_oom, zarr_read
 from .gather import SERVICE
 from .locate import locate
-from .notes import reporting
 from .place import prepare
 from .plan import normalize_selection, output_shape, plan_chunks
 from .read import RUNNING, Read, check_memory, record_reads, recorders

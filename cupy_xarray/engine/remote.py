@@ -362,7 +362,7 @@ def pinned_landing(nbytes: int) -> Any:
     """``nbytes`` of page-locked memory from cupy's pinned pool, for a fetched body. The size
     asked of the pool is rounded up (at most a quarter more) so that bodies of similar sizes
     reuse the pool's blocks rather than each pinning new memory."""
-    from .buffers import pinned_buffer
+    from ..runtime.buffers import pinned_buffer
 
     step = 1 << max(nbytes.bit_length() - 3, 12)
     return pinned_buffer(-(-nbytes // step) * step)[:nbytes]

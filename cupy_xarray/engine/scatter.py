@@ -345,7 +345,7 @@ def _pinned_table(cupy: Any, rows: int) -> tuple[np.ndarray, list]:
     if event is not None:
         event.synchronize()  # the kernel that read this table last has run
     if buf is None or len(buf) < rows:
-        from .buffers import pinned_buffer
+        from ..runtime.buffers import pinned_buffer
 
         buf = slot[0] = pinned_buffer(max(rows, 256) * 48).view(np.int64).reshape(-1, 6)
     return buf[:rows], slot

@@ -497,6 +497,6 @@ def _streams(xp: Any, n: int) -> list:
     one while those before finish on the others), no stream on the host."""
     if xp is np:
         return [contextlib.nullcontext()]
-    from ..engine.buffers import side_stream, thread_stream, write_stream
+    from ..runtime.buffers import side_stream, thread_stream, write_stream
 
     return [thread_stream(xp), side_stream(xp), *(write_stream(xp, k) for k in range(2, max(n, 2)))]

@@ -33,7 +33,7 @@ import xarray as xr
 
 from ..device import host_copy, is_dask_array
 from ..engine.io import kept_pool
-from ..engine.notes import collecting, file
+from ..runtime.notes import collecting, file
 from . import encoders
 from .chunks import WriteReport, write_array
 from .encoders import (

@@ -498,7 +498,7 @@ class DeviceChunk:
         """The file bytes in this thread's pinned buffer (valid until its next call here)."""
         import cupy
 
-        from ..engine.buffers import thread_buffer, thread_stream
+        from ..runtime.buffers import thread_buffer, thread_stream
 
         p = len(self.prefix)
         host = thread_buffer("write", p + self.nbytes, pinned=True)
@@ -598,7 +598,7 @@ CPU_SHARE = {"Zstd": 0.0, "LZ4": 1.0}
 
 def pinned_host(nbytes: int) -> np.ndarray:
     """Page-locked host memory (a batch's sizes, statuses, flags and checksums)."""
-    from ..engine.buffers import pinned_buffer
+    from ..runtime.buffers import pinned_buffer
 
     return pinned_buffer(nbytes)[:nbytes]
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...options import get_options
-from ..buffers import pinned_buffer
+from ...runtime.buffers import pinned_buffer
 from .base import Decoded, DecodeFailure, FramingError, aligned_slots, decoded_sizes
 from .registry import stream
 
@@ -69,7 +69,7 @@ def _in_decoder_process(
     try:
         outs, owner = decode_batch(algo, srcs, expected, into, on_device, seconds)
     except DecoderLost as exc:
-        from ..notes import note
+        from ...runtime.notes import note
 
         log.warning("%s; decoding its batch of %d %s streams again on CPU threads", exc, len(srcs), algo)
         note(f"{exc}; its batch of {len(srcs)} {algo} streams was decoded again on CPU threads")
@@ -236,7 +236,7 @@ class GPUCodecs:
         deflate and gzip decoders need valid input), and a damaged one fails the batch."""
         import cupy
 
-        from ..buffers import check_stream
+        from ...runtime.buffers import check_stream
         from .nvcomp import status_text
 
         align = max(batched.input_alignment, 1)

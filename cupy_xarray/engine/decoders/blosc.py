@@ -162,7 +162,7 @@ def decode_chunks_on_host(
     Returns the buffers to keep alive and each chunk's decoded bytes on the device."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..buffers import pinned_buffer
+    from ...runtime.buffers import pinned_buffer
     from .batch import host_copies, host_threads, to_device
 
     n = len(chunks)
