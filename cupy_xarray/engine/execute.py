@@ -64,7 +64,8 @@ def _groups(batch: list[ChunkTask], plan: Any) -> list[Group]:
 
 
 def _side(device: Any) -> Any:
-    """The stream work started ahead runs on (:func:`~cupy_xarray.runtime.buffers.side_stream`); none on the CPU."""
+    """The stream work started ahead runs on
+    (:func:`~cupy_xarray.runtime.buffers.side_stream`); none on the CPU."""
     return side_stream(device.xp) if device.name == "gpu" else contextlib.nullcontext()
 
 

@@ -12,11 +12,10 @@ import os
 import numpy as np
 
 from ..errors import ChunkError
-from .decoders.crc32c import value as crc32c_value
+from ..formats.crc32c import value as crc32c_value
+from ..formats.sharding import EMPTY
 from .io import file_ident, open_chunk
-from .spec import ArraySpec, ShardLayout
-
-EMPTY = np.uint64(2**64 - 1)
+from .spec import ArraySpec
 
 
 def read_shard_index(
@@ -78,16 +77,6 @@ def remote_shard_indexes(spec: ArraySpec, shards: list[tuple[int, ...]]) -> list
         None if raw is None else parse_index(spec, raw, None, key, source.location(key))
         for key, raw in zip(keys, raws)
     ]
-
-
-def encode_index(index: np.ndarray, layout: ShardLayout) -> bytes:
-    """A shard's index as its file stores it: ``index`` (``chunks_per_shard + (2,)`` uint64
-    offsets and lengths, :data:`EMPTY` for absent chunks) little-endian, then its crc32c where
-    the layout has one."""
-    raw = np.ascontiguousarray(index, dtype="<u8").tobytes()
-    if layout.index_crc32c:
-        raw += crc32c_value(raw).to_bytes(4, "little")
-    return raw
 
 
 def stored_bound(decoded: int) -> int:

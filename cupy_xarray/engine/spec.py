@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..containment import Containment, check_array
+from ..formats.sharding import ShardLayout, Unsupported, plain_codecs, sharding
 from .remote import RemoteSource
 
 # zarr v3 codec names and numcodecs ids -> the engine's own names
@@ -102,21 +103,6 @@ class ChunkRecipe:
 
 
 @dataclass(frozen=True)
-class ShardLayout:
-    """Where a sharded array keeps its inner chunks."""
-
-    shard_shape: tuple[int, ...]
-    index_at_start: bool
-    index_crc32c: bool
-
-    def chunks_per_shard(self, inner: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(s // c for s, c in zip(self.shard_shape, inner))
-
-    def index_nbytes(self, inner: tuple[int, ...]) -> int:
-        return 16 * math.prod(self.chunks_per_shard(inner)) + (4 if self.index_crc32c else 0)
-
-
-@dataclass(frozen=True)
 class ArraySpec:
     """One Zarr array as the engine sees it."""
 
@@ -172,10 +158,6 @@ class ArraySpec:
         return self.containment.stat_chunk(path, key, self.checked_dirs, self.directory)
 
 
-class Unsupported(Exception):
-    """A codec chain the engine does not decode itself (read through zarr-python instead)."""
-
-
 def _native(dtype: np.dtype) -> np.dtype:
     return dtype.newbyteorder("=") if dtype.byteorder not in ("|", "=") else dtype
 
@@ -227,43 +209,8 @@ def _recipe_v3(codecs: list[dict], shape: tuple[int, ...], dtype: np.dtype) -> C
     return ChunkRecipe(shape, _native(dtype), byteorder, "C", transpose, _bytes_codecs_decode_order(rest))
 
 
-def _plain_codecs(codecs: tuple[Any, ...]) -> list[dict]:
-    out = []
-    for c in codecs:
-        d = c.to_dict() if hasattr(c, "to_dict") else dict(c)
-        out.append({"name": d["name"], "configuration": d.get("configuration") or {}})
-    return out
-
-
-def sharding(
-    codecs: tuple[Any, ...], shard_shape: tuple[int, ...]
-) -> tuple[tuple[int, ...], list[dict], ShardLayout]:
-    """A sharded array's inner chunk shape, inner codecs (as dicts) and :class:`ShardLayout`,
-    from its codecs (a ``sharding_indexed`` codec alone); :class:`Unsupported` for codecs
-    after it, sharding inside it, or an index other than little-endian bytes [and crc32c]."""
-    codecs = _plain_codecs(codecs)
-    if len(codecs) > 1:
-        raise Unsupported("codecs after sharding")
-    conf = codecs[0]["configuration"]
-    inner = tuple(int(i) for i in conf["chunk_shape"])
-    inner_codecs = _plain_codecs(conf["codecs"])
-    if any(c["name"] == "sharding_indexed" for c in inner_codecs):
-        raise Unsupported("nested sharding")
-    index = [c["name"] for c in _plain_codecs(conf["index_codecs"])]
-    index_endian = _plain_codecs(conf["index_codecs"])[0]["configuration"].get("endian")
-    if index not in (["bytes"], ["bytes", "crc32c"]) or index_endian == "big":
-        raise Unsupported(f"shard index codecs {index}")
-    location = conf.get("index_location", "end")
-    location = str(getattr(location, "value", location))
-    return (
-        inner,
-        inner_codecs,
-        ShardLayout(tuple(shard_shape), location == "start", index == ["bytes", "crc32c"]),
-    )
-
-
 def _spec_v3(array: Any, dtype: np.dtype):
-    codecs = _plain_codecs(array.metadata.codecs)
+    codecs = plain_codecs(array.metadata.codecs)
     if codecs and codecs[0]["name"] == "sharding_indexed":
         shard_shape = tuple(int(i) for i in array.shards)
         inner, inner_codecs, layout = sharding(array.metadata.codecs, shard_shape)

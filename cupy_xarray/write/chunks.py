@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.shards import EMPTY, encode_index
+from ..formats.sharding import EMPTY, encode_index
 from . import encoders
 from .encoders import DeviceChunk, EncodeError, Pending, Recipe, ShardRecipe, chunk_shape, stream_shape
 
@@ -248,7 +248,7 @@ class _Files:
                     _write_all(fd, memoryview(data).cast("B"))
                     if checked:
                         if crc is None:
-                            from ..engine.decoders import crc32c
+                            from ..formats import crc32c
 
                             crc = crc32c.value(data)
                         _write_all(fd, memoryview(crc.to_bytes(4, "little")))

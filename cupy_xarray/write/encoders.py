@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..engine.io import kept_pool
-from ..engine.spec import ShardLayout, sharding
-from ..engine.spec import Unsupported as ReadUnsupported
 from ..formats import blosc as blosc_format
+from ..formats.sharding import ShardLayout, sharding
+from ..formats.sharding import Unsupported as ReadUnsupported
 from .nvcomp import MAX_CHUNK_BYTES, batched_encoder
 
 
@@ -33,7 +33,7 @@ class Unsupported(Exception):
 @dataclass(frozen=True)
 class ShardRecipe:
     """How a zarr v3 shard holds its inner chunks: their shape, the index's place and checksum
-    (:class:`~cupy_xarray.engine.spec.ShardLayout`), and the order the chunks are stored in
+    (:class:`~cupy_xarray.formats.sharding.ShardLayout`), and the order the chunks are stored in
     (flat C-order positions in the shard's grid of inner chunks: zarr-python's order)."""
 
     layout: ShardLayout

@@ -7,7 +7,6 @@ Each family's module is the one place that knows its format, on both processors:
     lz4.py        numcodecs' LZ4 and Blosc's bare LZ4 blocks: liblz4, the GPU block walk
     blosc.py      Blosc chunks: layout check, their streams (kinds above), unshuffle
                   (kernels/blosc.cu), c-blosc
-    crc32c.py     zarr's crc32c codec
 
 and what they share::
 

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from ...formats import blosc as blosc_format
+from ...formats import crc32c
 from ...formats.words import le32
-from . import blosc, crc32c
+from . import blosc
 from .base import DecodeFailure
 from .nvcomp import DecodeTimeout
 from .registry import stream

@@ -2,7 +2,7 @@
 
 It is checked on the host (google-crc32c) wherever it sits in a chain; a crc32c before a
 compressor proves the stored stream, which lets ``decode="auto"`` hand zstd frames to nvCOMP.
-Shard indexes carry one too (:mod:`..shards`).
+Shard indexes carry one too (:mod:`.sharding`).
 """
 
 from __future__ import annotations
