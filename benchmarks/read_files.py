@@ -121,12 +121,13 @@ def reads(threads, files, sizes, slots, dev, host, repeat, report) -> None:
     import cupy
 
     from cupy_xarray.engine import io
+    from cupy_xarray.runtime import pools
 
     total = sum(sizes)
     where = list(zip(files, sizes, slots, strict=True))
     ops = [io.ReadOp(f, 0, s, dev[o : o + s], "field", f) for f, s, o in where]
     hops = [io.ReadOp(f, 0, s, host[o : o + s], "field", f) for f, s, o in where]
-    pool = io.kept_pool("probe", threads)
+    pool = pools.kept_pool("probe", threads)
 
     def engine_kvikio():
         with io.KvikioIO().session(threads) as session:

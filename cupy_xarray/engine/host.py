@@ -37,8 +37,9 @@ import numpy as np
 
 from ..options import Options, carried
 from ..runtime.buffers import thread_buffer
+from ..runtime.pools import first_error, run_now
 from .decoders import decode_on_host
-from .io import blob_bytes, first_error, pread_into, run_now
+from .io import blob_bytes, pread_into
 from .place import place_fetched, place_from_host
 from .tasks import ChunkTask
 

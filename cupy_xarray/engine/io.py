@@ -21,7 +21,7 @@ import os
 import stat
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import ChunkChangedError, ChunkError
 from ..options import get_options
+from ..runtime.pools import first_error, kept_pool, run_now
 
 
 @dataclass
@@ -176,16 +177,6 @@ def pread_into(op: ReadOp) -> None:
         os.close(fd)
 
 
-def first_error(futures) -> BaseException | None:
-    """Wait for every future; the first one's error in their order, or None."""
-    first = None
-    for f in futures:
-        exc = f.exception()
-        if exc is not None and first is None:
-            first = exc
-    return first
-
-
 class _Pending:
     def __init__(self, futures):
         self._futures = futures
@@ -194,17 +185,6 @@ class _Pending:
         first = first_error(self._futures)
         if first is not None:
             raise first
-
-
-def run_now(fn, *args: Any) -> Future:
-    """``fn(*args)`` on this thread, its outcome as a finished future (what a pool's would be)."""
-    done: Future = Future()
-    try:
-        fn(*args)
-        done.set_result(None)
-    except Exception as exc:  # noqa: BLE001 - raised by whoever waits, as from the pool
-        done.set_exception(exc)
-    return done
 
 
 class _PosixSession:
@@ -217,23 +197,6 @@ class _PosixSession:
         if len(ops) == 1 or sum(op.nbytes for op in ops) <= get_options().inline_read_bytes:
             return _Pending([run_now(pread_into, op) for op in ops])
         return _Pending([self._pool.submit(pread_into, op) for op in ops])
-
-
-_kept_pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
-_kept_lock = threading.Lock()
-
-
-def kept_pool(name: str, threads: int) -> ThreadPoolExecutor:
-    """The process's pool of ``threads`` threads for ``name`` work (``"io"``, ``"write"``,
-    ``"encode"``), kept for the process: dask tasks read and write many small pieces, and a
-    pool per call would start its threads again every time, each making its buffers and
-    streams again."""
-    with _kept_lock:
-        pool = _kept_pools.get((name, threads))
-        if pool is None:
-            pool = ThreadPoolExecutor(threads, thread_name_prefix=f"cupy-xarray-{name}")
-            _kept_pools[(name, threads)] = pool
-        return pool
 
 
 def _posix_pool(threads: int) -> ThreadPoolExecutor:

@@ -32,8 +32,8 @@ import numpy as np
 import xarray as xr
 
 from ..device import host_copy, is_dask_array
-from ..engine.io import kept_pool
 from ..runtime.notes import collecting, file
+from ..runtime.pools import kept_pool
 from . import encoders
 from .chunks import WriteReport, write_array
 from .encoders import (

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.io import kept_pool
 from ..formats import blosc as blosc_format
 from ..formats.sharding import ShardLayout, sharding
 from ..formats.sharding import Unsupported as ReadUnsupported
+from ..runtime.pools import kept_pool
 from .nvcomp import MAX_CHUNK_BYTES, batched_encoder
 
 
@@ -125,7 +125,7 @@ def stream_shape(meta: Any, recipe: Recipe) -> tuple[int, ...]:
 
 
 def _shard_recipe(codec: Any, shard_shape: tuple[int, ...]) -> ShardRecipe:
-    """What the reader knows of the shard (:func:`~cupy_xarray.engine.spec.sharding`), and the
+    """What the reader knows of the shard (:func:`~cupy_xarray.formats.sharding.sharding`), and the
     order its chunks are stored in."""
     try:
         inner, _, layout = sharding((codec,), shard_shape)
