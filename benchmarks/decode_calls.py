@@ -39,9 +39,9 @@ def measure(path: Path, name: str, repeat: int, cuts: list[int]) -> None:
     import zarr
     from read_patterns import STREAM_KINDS
 
-    from cupy_xarray.engine.decoders.nvcomp import batched_decoder
     from cupy_xarray.engine.decoders.registry import stream
     from cupy_xarray.engine.sandbox.arena import make_arena
+    from cupy_xarray.runtime.nvcomp import batched_decoder
 
     kind = STREAM_KINDS[name.split()[0]]
     codec = stream(kind)

@@ -176,9 +176,9 @@ def ceilings(path: Path, name: str, threads: int) -> dict:
     import cupy
     import zarr
 
-    from cupy_xarray.engine.decoders.nvcomp import batched_decoder
     from cupy_xarray.engine.decoders.registry import stream
     from cupy_xarray.engine.sandbox.client import decode_batch
+    from cupy_xarray.runtime.nvcomp import batched_decoder
 
     arr = zarr.open_array(path / "field", mode="r")
     expected = int(np.prod(arr.chunks)) * arr.dtype.itemsize

@@ -239,7 +239,7 @@ def verify_cost(path: Path, kind: str, threads: int, repeat: int) -> tuple[float
     import cupy
     import xarray as xr
 
-    from cupy_xarray.engine.decoders import checksums
+    from cupy_xarray.runtime import checksums
 
     load = lambda: xr.open_dataset(path, engine="kvikio", threads=threads, decode="gpu")["field"].data  # noqa: E731
     t_read, _ = timed(load, repeat)

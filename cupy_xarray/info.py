@@ -35,7 +35,7 @@ def info_lines() -> list[str]:
         ("nvCOMP", "nvidia.nvcomp"),
     ]:
         lines.append(f"{name:<13} {_version(module)}")
-    from .engine.decoders.nvcomp import describe as nvcomp_c_api
+    from .runtime.nvcomp import describe as nvcomp_c_api
 
     lines.append(f"nvCOMP C API  {nvcomp_c_api()}")
     from .options import get_options

@@ -61,8 +61,8 @@ def warm_engine(threads: int) -> None:
     nvCOMP, so it starts now, not at the first large read) and kvikio with its threads.
     Called on a background thread when a store is opened for the GPU."""
     from .engine import host
-    from .engine.decoders import nvcomp
     from .options import get_options
+    from .runtime import nvcomp
 
     host.pool(threads)
     try:  # what fails here, the read that needs it reports

@@ -75,7 +75,7 @@ def run_in_threads(work, count: int) -> list[BaseException]:
 def c_api(monkeypatch):
     """nvCOMP's C API as where it loads, so that the decoder process can run for a GPU
     read (the routes of a GPU read planned on a machine without one)."""
-    from cupy_xarray.engine.decoders import nvcomp
+    from cupy_xarray.runtime import nvcomp
 
     monkeypatch.setattr(nvcomp, "library", lambda: object())
 

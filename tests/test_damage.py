@@ -22,8 +22,9 @@ from conftest import host
 
 import cupy_xarray  # noqa: F401
 from cupy_xarray.containment import UnsafeStoreError
-from cupy_xarray.engine.decoders import checksums, stream
+from cupy_xarray.engine.decoders import stream
 from cupy_xarray.errors import ChunkError
+from cupy_xarray.runtime import checksums
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CAMPAIGN_CASES = int(os.environ.get("CUPY_XARRAY_DAMAGE_CASES", "1200"))

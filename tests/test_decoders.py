@@ -7,8 +7,8 @@ import pytest
 
 from cupy_xarray.engine.decoders import registry, stream, stream_kind
 from cupy_xarray.engine.decoders.chain import stream_problem
-from cupy_xarray.engine.decoders.nvcomp import ALGORITHMS
 from cupy_xarray.engine.spec import COMPRESSORS
+from cupy_xarray.runtime.nvcomp import ALGORITHMS
 
 DATA = (np.arange(50_000, dtype=np.float32) % 977).tobytes()
 

@@ -750,7 +750,7 @@ def test_what_lands_in_pinned_memory(codecs, decode, pinned, without_process, mo
     to the host; unproven streams only where the decoder process can take them."""
     from types import SimpleNamespace
 
-    from cupy_xarray.engine.decoders import nvcomp
+    from cupy_xarray.runtime import nvcomp
 
     spec = SimpleNamespace(recipe=SimpleNamespace(bytes_codecs=codecs))
     gpu, cpu = SimpleNamespace(name="gpu"), SimpleNamespace(name="cpu")

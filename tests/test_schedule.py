@@ -35,7 +35,7 @@ RATES = {k: v for k, v in sch.DEFAULT_RATES.items()}
 def test_auto_keeps_unsafe_streams_on_cpu_threads(without, options, monkeypatch):
     """Without the decoder process (off, nvCOMP's Python API only, or no C API to load),
     zstd frames no check proves stay off nvCOMP, and the decision says so."""
-    from cupy_xarray.engine.decoders import nvcomp
+    from cupy_xarray.runtime import nvcomp
 
     monkeypatch.setattr(nvcomp, "library", lambda: object() if without else None)
     options(**{"decoder_process": "auto", **without})

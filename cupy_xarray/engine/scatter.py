@@ -352,7 +352,7 @@ def _pinned_table(cupy: Any, rows: int) -> tuple[np.ndarray, list]:
 
 
 def _run_gpu(cupy: Any, out: Any, sources: list[Any], t: np.ndarray) -> None:
-    from .decoders.kernels import function
+    from ..runtime.kernels import function
 
     # sources on the device, or in page-locked host memory (read in place, as the table is)
     ptrs = np.array([s.ctypes.data if isinstance(s, np.ndarray) else s.data.ptr for s in sources], np.int64)

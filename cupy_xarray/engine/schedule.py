@@ -393,7 +393,7 @@ def decoder_process_on(device: Any) -> bool:
     if mode == "off":
         return False
     if getattr(device, "name", None) == "gpu":
-        from .decoders import nvcomp
+        from ..runtime import nvcomp
 
         return nvcomp.enabled() and nvcomp.library() is not None
     return mode == "on"
@@ -472,7 +472,7 @@ def _machine_key(device: Any) -> str:
     if device.name == "gpu":
         props = device.xp.cuda.runtime.getDeviceProperties(device.xp.cuda.Device().id)
         gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        from .decoders import nvcomp
+        from ..runtime import nvcomp
 
         nvcomp.library()
         nv = nvcomp._lib_version

@@ -401,7 +401,7 @@ class GPUEncoder:
             keep = np.ones(n, bool) if flags is None else ~flags
             bad = np.flatnonzero((statuses != 0) & keep)
             if len(bad):
-                from ..engine.decoders.nvcomp import status_text
+                from ..runtime.nvcomp import status_text
 
                 raise EncodeError(
                     int(bad[0]), f"nvCOMP {algo} could not compress it ({status_text(statuses[bad[0]])})"
@@ -513,7 +513,7 @@ class DeviceChunk:
 
 def _crc32c_to_host(ptrs: Any, lens: Any, n: int, bound: Any, stream: Any) -> np.ndarray:
     """Queue the crc32c of ``n`` device streams and its copy into pinned host memory."""
-    from ..engine.decoders.checksums import crc_start
+    from ..runtime.checksums import crc_start
 
     values = crc_start("crc32c", ptrs, lens, n, bound)
     host = pinned_host(4 * n).view(np.uint32)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.decoders.nvcomp import Alignments, c_function, one_per_algorithm, status_text, version
+from ..runtime.nvcomp import Alignments, c_function, one_per_algorithm, status_text, version
 
 #: compressors the writer runs on the GPU, by the nvCOMP algorithm that makes their streams
 ALGORITHMS = ("Zstd", "LZ4")

@@ -2,22 +2,23 @@
 
 Each family's module is the one place that knows its format, on both processors::
 
-    zstd.py       zstd frames: header and block walk (host and kernels/zstd.cu), libzstd
+    zstd.py       zstd frames: header and block walk (host and runtime/kernels/zstd.cu), libzstd
     deflate.py    gzip members and zlib streams: framing, zlib
     lz4.py        numcodecs' LZ4 and Blosc's bare LZ4 blocks: liblz4, the GPU block walk
     blosc.py      Blosc chunks: layout check, their streams (kinds above), unshuffle
-                  (kernels/blosc.cu), c-blosc
+                  (runtime/kernels/blosc.cu), c-blosc
 
 and what they share::
 
     base.py       StreamDecoder (checks, both decodes, cost) and Rates
     registry.py   codec names -> decoders; decode="auto" | "gpu" | "cpu"
     batch.py      a batch of one kind decoded in one call: CPU threads | nvCOMP
-    nvcomp.py     nvCOMP's batched C API (ctypes)
-    checksums.py  the checksums nvCOMP leaves out, on the GPU (kernels/checksums.cu)
     chain.py      a chunk's chain of codecs over its stored bytes, for both routes
+
+nvCOMP's binding, the GPU checksums and the CUDA kernels are :mod:`cupy_xarray.runtime`'s.
 """
 
+from ...runtime.nvcomp import while_decoding
 from .base import Box, DecodeFailure, Rates, StreamDecoder
 from .chain import (
     decode_group,
@@ -28,7 +29,6 @@ from .chain import (
     prepares,
     writes_into_output,
 )
-from .nvcomp import while_decoding
 from .registry import (
     DECODE_CHOICES,
     compressor,

@@ -178,7 +178,7 @@ class GPUCodecs:
         None where only the Python API can be used (``CUPY_XARRAY_NVCOMP_C=0`` forces that)."""
         if self._nvcomp is None:
             return None
-        from .nvcomp import batched_decoder
+        from ...runtime.nvcomp import batched_decoder
 
         return batched_decoder(stream(algo).nvcomp)
 
@@ -237,7 +237,7 @@ class GPUCodecs:
         import cupy
 
         from ...runtime.buffers import check_stream
-        from .nvcomp import status_text
+        from ...runtime.nvcomp import status_text
 
         align = max(batched.input_alignment, 1)
         keep = []
@@ -368,7 +368,7 @@ class GPUCodecs:
             decoded = self._decode_c(batched, algo, raw, expected, into)
         else:
             decoded = self._decode_python(algo, raw, expected, into)
-        from .checksums import CHECKSUM_NAMES, verify
+        from ...runtime.checksums import CHECKSUM_NAMES, verify
 
         decoder = stream(algo)
         bad = verify(decoder, srcs, decoded)

@@ -21,8 +21,8 @@ from ...formats.blosc import (
     check_one,
     unshuffle_block,
 )
+from ...runtime.nvcomp import DecodeTimeout, status_text
 from .base import Box, DecodeFailure, aligned_slots, decoded_sizes
-from .nvcomp import DecodeTimeout, status_text
 from .registry import BLOSC_STREAMS as STREAMS
 from .registry import stream
 from .zstd import frame_lengths as zstd_frame_lengths
@@ -398,7 +398,7 @@ def _unshuffle_cpu(buffer: np.ndarray, chunks: list[np.ndarray], lay: Layout, de
 
 
 def _kernel(name: str) -> Any:
-    from .kernels import function
+    from ...runtime.kernels import function
 
     return function("blosc", name)
 

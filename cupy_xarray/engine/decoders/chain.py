@@ -19,9 +19,9 @@ import numpy as np
 from ...formats import blosc as blosc_format
 from ...formats import crc32c
 from ...formats.words import le32
+from ...runtime.nvcomp import DecodeTimeout
 from . import blosc
 from .base import DecodeFailure
-from .nvcomp import DecodeTimeout
 from .registry import stream
 
 

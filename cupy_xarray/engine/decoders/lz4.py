@@ -27,7 +27,7 @@ class _LZ4(StreamDecoder):
     ) -> Callable[[], tuple[int, str] | None]:
         import cupy
 
-        from .checksums import lz4_check_start
+        from ...runtime.checksums import lz4_check_start
 
         status = lz4_check_start(ptrs, lens, want)
         launched_on = cupy.cuda.get_current_stream()

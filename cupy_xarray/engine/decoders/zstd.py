@@ -3,7 +3,7 @@
 A frame is a header (magic number, descriptor, optional content size), blocks each with a
 3-byte header, and an optional content checksum (the low 32 bits of XXH64). The host walks
 the block headers of every frame before nvCOMP sees it (:func:`frame_length`, and
-:file:`kernels/zstd.cu` for frames already on the GPU): nvCOMP can fault on truncated
+:file:`runtime/kernels/zstd.cu` for frames already on the GPU): nvCOMP can fault on truncated
 frames. nvCOMP's zstd decoder reports nothing for damaged blocks (they decode to garbage,
 fault the GPU or never finish), so ``decode="auto"`` hands it only frames whose stored bytes
 a crc32c proved first; the others go to libzstd on CPU threads, which checks everything.
@@ -66,7 +66,7 @@ def frame_lengths(xp: Any, buffer: Any, offs: np.ndarray, lens: np.ndarray) -> n
     """:func:`frame_length` of many streams held in one buffer (one kernel launch on cupy)."""
     if xp.__name__ != "cupy":
         return np.array([frame_length(buffer[o : o + n]) for o, n in zip(offs, lens)], dtype=np.int64)
-    from .kernels import function
+    from ...runtime.kernels import function
 
     count = len(offs)
     out = xp.empty(count, dtype=xp.int64)

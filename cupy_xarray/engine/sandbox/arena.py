@@ -125,7 +125,7 @@ class DeviceArena:
         one launch on the current stream."""
         import cupy
 
-        from ..decoders.kernels import function
+        from ...runtime.kernels import function
 
         count = len(srcs)
         if not count:

@@ -431,7 +431,7 @@ def decode_batch(
         if len(bad):
             k = int(bad[0])
             if statuses[k]:
-                from ..decoders.nvcomp import status_text
+                from ...runtime.nvcomp import status_text
 
                 if on_device:
                     raise DecodeFailure(k, f"{kind} stream does not decode: {status_text(statuses[k])}")

@@ -45,7 +45,7 @@ def _decode_host(mapped, kind: str, src_off, src_len, dst_off, dst_cap):
 def _decode_nvcomp(mapped, kind: str, src_off, src_len, dst_off, dst_cap):
     import cupy
 
-    from ..decoders.nvcomp import batched_decoder
+    from ...runtime.nvcomp import batched_decoder
     from ..decoders.registry import stream
 
     decoder = batched_decoder(stream(kind).nvcomp)
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> None:
     if mode == "nvcomp":
         import cupy
 
-        from ..decoders import nvcomp
+        from ...runtime import nvcomp
 
         cupy.cuda.runtime.getDeviceCount()
         cupy.empty(1)  # the CUDA context, made now rather than at the first batch

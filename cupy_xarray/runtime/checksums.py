@@ -83,7 +83,7 @@ def crc32_segmented(data: bytes, kind: str = "crc32") -> int:
 
 
 def _crc32c(data: bytes) -> int:
-    from ...formats.crc32c import value
+    from ..formats.crc32c import value
 
     return value(data)
 

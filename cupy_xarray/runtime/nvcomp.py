@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ...options import get_options
+from ..options import get_options
 
 #: nvCOMP C API algorithm prefixes (each decoder's ``nvcomp``; ``Deflate``: the body of a zlib
 #: stream, ``LZ4``: an LZ4 block). Zstd's scratch memory is sized by reading the streams
