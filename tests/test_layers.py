@@ -56,3 +56,28 @@ def test_formats_and_runtime_stand_on_the_ground_floor():
         and not (m.startswith("cupy_xarray.runtime") and t.startswith("cupy_xarray.runtime"))
     ]
     assert not above, above
+
+
+def test_the_writer_imports_nothing_of_the_reader():
+    """``write`` stands on ``formats`` and ``runtime``, as the reader does, not on the reader."""
+    taken = [
+        f"{m} imports {t}"
+        for m, t, _ in _imports()
+        if m.startswith("cupy_xarray.write") and t.startswith("cupy_xarray.engine")
+    ]
+    assert not taken, taken
+
+
+def test_memory_kept_idle_is_freed_where_a_read_or_write_runs_short(monkeypatch):
+    """The decoder process's idle arenas are given back through the runtime (the writer names
+    no reader to ask for them)."""
+    from types import SimpleNamespace
+
+    from cupy_xarray.engine import sandbox
+    from cupy_xarray.runtime import buffers
+
+    asked = []
+    process = SimpleNamespace(arenas=SimpleNamespace(release=lambda: asked.append("released")))
+    monkeypatch.setattr(sandbox.client, "_processes", {"a decoder process": process})
+    buffers.release_idle_memory()
+    assert asked == ["released"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import OutOfMemoryError
 from ..options import Options
+from ..runtime.buffers import release_idle_memory
 from ..runtime.notes import collecting, file
 from .plan import output_shape
 from .schedule import Decision, Scheduler
@@ -186,9 +187,7 @@ class Read:
         least = self.options.min_batch_bytes
         if not tried or tried <= least:
             return False
-        from .sandbox import release_arenas
-
-        release_arenas()  # the decoder process's idle arenas first
+        release_idle_memory()  # the decoder process's idle arenas first
         self.batch_bytes = max(least, tried // 4)
         self.again(
             f"memory ran short with batches of {tried / 2**20:.0f} MiB ({type(exc).__name__}); "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,21 @@ import numpy as np
 from ..options import get_options
 
 _local = threading.local()
+_holders: list[Callable[[], None]] = []
+
+
+def holds_idle_memory(release: Callable[[], None]) -> None:
+    """Register ``release``, which frees the device memory its owner keeps idle (the decoder
+    process's arenas): :func:`release_idle_memory` calls it where memory runs short."""
+    if release not in _holders:
+        _holders.append(release)
+
+
+def release_idle_memory() -> None:
+    """Free the device memory kept idle by those that registered (:func:`holds_idle_memory`),
+    for a read or write that ran short of memory."""
+    for release in list(_holders):
+        release()
 
 
 def pinned_buffer(nbytes: int) -> np.ndarray:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.sharding import EMPTY, encode_index
+from ..runtime.buffers import release_idle_memory
 from . import encoders
 from .encoders import DeviceChunk, EncodeError, Pending, Recipe, ShardRecipe, chunk_shape, stream_shape
 
@@ -368,9 +369,7 @@ def write_array(
                     _finish(*queued.pop(0), meta, origin, nbytes, files, report, recipe.shard, budget)
                 files.wait()
                 if xp is not np:
-                    from ..engine.sandbox import release_arenas
-
-                    release_arenas()  # the decoder process's idle memory, for a write after a read
+                    release_idle_memory()  # the decoder process's idle memory, for a write after a read
                     xp.get_default_memory_pool().free_all_blocks()
                 smaller = max(1, len(batch) // 2)
                 report.notes.append(f"memory ran short: batches of {smaller} chunks from chunk {first}")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...options import child_environment, get_options
+from ...runtime.buffers import holds_idle_memory
 from ..decoders.base import DecodeFailure, aligned_slots
 from .arena import make_arena
 
@@ -359,9 +360,13 @@ def decoder_processes(mode: str) -> DecoderProcesses:
 
 
 def release_arenas() -> None:
-    """Free the arenas no batch uses now (a read short of memory asks for them back)."""
+    """Free the arenas no batch uses now (a read or write short of memory asks for them back:
+    :func:`~cupy_xarray.runtime.buffers.release_idle_memory`)."""
     for p in list(_processes.values()):
         p.arenas.release()
+
+
+holds_idle_memory(release_arenas)
 
 
 def _close_all() -> None:
