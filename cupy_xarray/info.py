@@ -53,10 +53,10 @@ def info_lines() -> list[str]:
     except ValueError as exc:
         choice = f"invalid: {exc}"
     lines.append(f"decode        {choice} (CUPY_XARRAY_DECODE or decode=: where GPU reads decode chunks)")
-    from .engine import schedule
+    from .engine import rates
 
-    path = schedule.cache_path()
-    known = sorted({k.rsplit("|", 1)[-1] for k in schedule._load(path)})
+    path = rates.cache_path()
+    known = sorted({k.rsplit("|", 1)[-1] for k in rates.load(path)})
     measure = "cupy_xarray.warm_up(measure=True) measures them"
     rates = f"measured for {', '.join(known)}" if known else f"none measured: built-in figures ({measure})"
     lines.append(f"decode rates  {rates}: {path}")

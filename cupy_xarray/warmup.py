@@ -47,11 +47,11 @@ def _warm_up_here(device: str, measure: bool = False) -> dict:
         warm_engine(dev.threads)
     host.pool(dev.threads)
     if measure:
-        from .engine import schedule
+        from .engine import rates
         from .engine.decoders.registry import STREAMS
 
         for kind in STREAMS:
-            schedule.rates(kind, dev)
+            rates.rates(kind, dev)
     return {"device": dev.name, "threads": dev.threads}
 
 

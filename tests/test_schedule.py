@@ -15,6 +15,7 @@ from conftest import host, run_in_threads
 
 from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, observed, read_arrays
+from cupy_xarray.engine import rates as cal
 from cupy_xarray.engine import schedule as sch
 from cupy_xarray.engine.schedule import Scheduler
 from cupy_xarray.engine.spec import ChunkRecipe
@@ -279,49 +280,49 @@ def test_direct_reads_of_a_chunk_or_two_skip_kvikio():
 
 def test_rates_are_measured_once_and_cached(tmp_path, monkeypatch, options):
     options(cache_dir=str(tmp_path))
-    monkeypatch.setattr(sch, "_cache", {})
+    monkeypatch.setattr(cal, "_cache", {})
     calls = []
-    real = sch.calibrate
-    monkeypatch.setattr(sch, "calibrate", lambda kind, dev: calls.append(kind) or real(kind, dev))
+    real = cal.calibrate
+    monkeypatch.setattr(cal, "calibrate", lambda kind, dev: calls.append(kind) or real(kind, dev))
     cpu = resolve_device("cpu")
-    r = sch.rates("gzip", cpu)
+    r = cal.rates("gzip", cpu)
     assert r.measured and r.host_thread > 1e6 and calls == ["gzip"]
     stored = json.loads((tmp_path / "decode-rates.json").read_text())
     (key,) = stored
     assert key.endswith("|gzip") and stored[key]["host_thread"] == r.host_thread
-    monkeypatch.setattr(sch, "_cache", {})  # a new process: the file answers
-    assert sch.rates("gzip", cpu) == r and calls == ["gzip"]
+    monkeypatch.setattr(cal, "_cache", {})  # a new process: the file answers
+    assert cal.rates("gzip", cpu) == r and calls == ["gzip"]
     options(calibrate=False)
-    assert sch.rates("zstd", cpu) == sch.DEFAULT_RATES["zstd"] and calls == ["gzip"]
+    assert cal.rates("zstd", cpu) == sch.DEFAULT_RATES["zstd"] and calls == ["gzip"]
 
 
 def test_reads_never_measure_rates(tmp_path, monkeypatch, options):
     """A read seeds the shared queue with the rates measured before (warm_up measures them)
     or the built-in ones: it never waits for a measurement."""
     options(cache_dir=str(tmp_path))
-    monkeypatch.setattr(sch, "_cache", {})
-    monkeypatch.setattr(sch, "calibrate", lambda kind, dev: pytest.fail("a read measured rates"))
+    monkeypatch.setattr(cal, "_cache", {})
+    monkeypatch.setattr(cal, "calibrate", lambda kind, dev: pytest.fail("a read measured rates"))
     cpu = resolve_device("cpu")
-    assert sch.known_rates("gzip", cpu) == sch.DEFAULT_RATES["gzip"]
-    measured = sch.Rates(1e9, 10e9, 1e9, 1e-3, True, host_pool=8e9)
-    key = f"{sch.machine_key(cpu)}|gzip"
-    (tmp_path / "decode-rates.json").write_text(json.dumps({key: sch.asdict(measured)}))
-    monkeypatch.setattr(sch, "_cache", {})
-    assert sch.known_rates("gzip", cpu) == measured
+    assert cal.known_rates("gzip", cpu) == sch.DEFAULT_RATES["gzip"]
+    measured = cal.Rates(1e9, 10e9, 1e9, 1e-3, True, host_pool=8e9)
+    key = f"{cal.machine_key(cpu)}|gzip"
+    (tmp_path / "decode-rates.json").write_text(json.dumps({key: cal.asdict(measured)}))
+    monkeypatch.setattr(cal, "_cache", {})
+    assert cal.known_rates("gzip", cpu) == measured
 
 
 def test_warm_up_measures_the_rates_when_asked(tmp_path, monkeypatch, options):
     import cupy_xarray
 
     options(cache_dir=str(tmp_path))
-    monkeypatch.setattr(sch, "_cache", {})
+    monkeypatch.setattr(cal, "_cache", {})
     cupy_xarray.warm_up(device="cpu")
     assert not (tmp_path / "decode-rates.json").exists()
     cupy_xarray.warm_up(device="cpu", measure=True)
     stored = json.loads((tmp_path / "decode-rates.json").read_text())
-    assert {k.rsplit("|", 1)[-1] for k in stored} == set(sch.STREAMS)
+    assert {k.rsplit("|", 1)[-1] for k in stored} == set(cal.STREAMS)
     assert all(v["measured"] for v in stored.values())
-    assert sch.known_rates("zstd", resolve_device("cpu")).measured
+    assert cal.known_rates("zstd", resolve_device("cpu")).measured
 
 
 def test_calibration_keeps_the_nvcomp_figures_of_blosc_blocks():
@@ -336,11 +337,11 @@ def test_calibration_keeps_the_nvcomp_figures_of_blosc_blocks():
             decoded.append((kind, len(srcs)))
 
     gpu = SimpleNamespace(name="gpu", xp=np, codecs=Codecs(), synchronize=lambda: None)
-    r = sch.calibrate("lz4-block", gpu)
+    r = cal.calibrate("lz4-block", gpu)
     base = sch.DEFAULT_RATES["lz4-block"]
     assert r.measured and (r.gpu, r.gpu_stream, r.gpu_call) == (base.gpu, base.gpu_stream, base.gpu_call)
     assert decoded == []
-    r = sch.calibrate("gzip", gpu)
+    r = cal.calibrate("gzip", gpu)
     assert decoded and decoded[0][0] == "gzip" and r.gpu != sch.DEFAULT_RATES["gzip"].gpu
 
 
@@ -363,7 +364,7 @@ def test_sample_streams_decode_to_their_size(kind):
 
 
 def sample_streams_one(kind):
-    return sch.sample_streams(kind, 1, 2**16)
+    return cal.sample_streams(kind, 1, 2**16)
 
 
 def test_a_read_reports_its_decisions(tmp_path):

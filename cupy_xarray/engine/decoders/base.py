@@ -136,7 +136,7 @@ class StreamDecoder:
         Figures measured on an H200 host with 16 cores (4 MiB float32 chunks of smooth data;
         the pools' figures are full loads on CPU threads), used until this machine's are.
     sample_bytes
-        The stream size calibration measures (:func:`~..schedule.calibrate`).
+        The stream size calibration measures (:func:`cupy_xarray.engine.rates.calibrate`).
     nvcomp_faults
         nvCOMP's decoder of the kind may fault or hang on a damaged stream (its release notes:
         it "can only operate on valid input data"): streams no check has proven are decoded
