@@ -313,7 +313,8 @@ def _stores(
     except StoreError:
         raise
     except Exception as exc:
-        raise open_failure(path, exc, group, local, zarr_format, options.get("storage_options")) from exc
+        storage = options.get("storage_options")
+        raise open_failure(path, exc, group, local, zarr_format, storage, remote) from exc
     return {key: KvikioStore(store, reads, containment) for key, store in opened.items()}
 
 

@@ -263,9 +263,11 @@ def open_failure(
     local: str | None,
     zarr_format: int | None,
     storage_options: dict | None,
+    remote: bool,
 ) -> Exception:
     """The error to raise where a store did not open with ``exc``: what the path is where
-    that explains it, what a remote store's failure means, else zarr's error with what to check."""
+    that explains it, what a ``remote`` store's failure means, else zarr's error with what to
+    check."""
     if isinstance(exc, ImportError):  # a remote protocol whose fsspec filesystem is not installed
         return StoreError(f"cannot open {path!r}: {exc} ({install_hint(path)})")
     if isinstance(exc, PermissionError):
@@ -277,7 +279,7 @@ def open_failure(
     what = what_is_there(local, group, zarr_format) if local is not None else None
     if what is not None:
         return StoreError(f"cannot open {where}{path!r}: {what}")
-    if local is None and isinstance(path, str) and "://" in path:
+    if remote:
         kind, why = remote_failure(path, exc, group, storage_options)
         if kind is not None:
             return kind(why)
