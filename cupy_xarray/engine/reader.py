@@ -34,7 +34,7 @@ from .locate import locate
 from .place import prepare
 from .plan import normalize_selection, output_shape, plan_chunks
 from .read import RUNNING, Read, check_memory, record_reads, recorders
-from .schedule import Scheduler, decoder_process_on, fixed_route, isolable, stream_kind
+from .schedule import Scheduler, fixed_route, in_decoder_process, stream_kind
 from .spec import ArraySpec
 from .waves import execute_waves, wave_bytes
 
@@ -63,8 +63,7 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
             where = f"CPU threads (decode={choice!r}), copied to the GPU"
         else:
             where = "nvCOMP and CPU threads, sharing one queue (decode='auto')"
-        isolated = isolable(r.bytes_codecs) and decoder_process_on(device)
-        if device.name == "gpu" and route != "host" and isolated:
+        if device.name == "gpu" and in_decoder_process(r.bytes_codecs, device, choice):
             where += ", nvCOMP in the decoder process"
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
     fetched = f", fetched from {spec.source.url}" if spec.source is not None else ""
