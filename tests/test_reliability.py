@@ -489,7 +489,8 @@ def test_a_reads_staging_buffers_are_one_size(tmp_path, monkeypatch, device, com
     before it would be carved out of the block a decode's output was freed from, which then
     no longer fits the next output, and the memory pool would grow by it."""
     from cupy_xarray.device import cpu_device, gpu_device
-    from cupy_xarray.engine import array_spec, execute, read_arrays
+    from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.batches import BatchSource
     from cupy_xarray.engine.schedule import Scheduler
 
     dev = gpu_device(2) if device == "gpu" else cpu_device(2)
@@ -500,14 +501,14 @@ def test_a_reads_staging_buffers_are_one_size(tmp_path, monkeypatch, device, com
         data[i].flat[rng.choice(64 * 64, n, replace=False)] = rng.random(n)
     a = zarr.create_array(tmp_path / "s.zarr", data=data, chunks=(1, 32, 32), compressors=compressors)
     seen: list[tuple[int, int]] = []  # per batch: its stored bytes, its staging buffer's size
-    submit = execute._submit
+    submit = BatchSource.submit
 
-    def tracked(session, batch, *args):
-        waiter = submit(session, batch, *args)
+    def tracked(source, k, session):
+        submit(source, k, session)
+        batch = source.items[k]
         seen.append((sum(t.nbytes for t in batch), len(batch[0].staging)))
-        return waiter
 
-    monkeypatch.setattr(execute, "_submit", tracked)
+    monkeypatch.setattr(BatchSource, "submit", tracked)
     request = (array_spec(a, name="v"), (slice(None),) * 3)
     (got,) = read_arrays([request], dev, batch_bytes=12 * 1024, scheduler=Scheduler(force="batch"))
     np.testing.assert_array_equal(host(got), data)

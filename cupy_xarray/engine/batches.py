@@ -1,20 +1,26 @@
 """Batches: the tasks read with kvikio (or the I/O threads) cut into batches of about equal
-size, each with its staging slots, and how many are in flight at once."""
+size, each with its staging slots, and how many are in flight at once; and a read's one
+source of batches (:class:`BatchSource`): the batches cut at once, the streamed segments
+located as they are submitted and the batches drawn from a shared queue's front, in order."""
 
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..options import Options
 from .decoders import decodes_through_scratch, stream_lead
 from .locate import locate
-from .place import prepare
+from .place import bytes_of, plan_boxes, prepare
 from .plan import ChunkPiece
 from .scatter import scatter
+from .share import WorkQueue
 from .spec import ArraySpec
-from .tasks import ChunkTask
+from .tasks import ChunkTask, Group
 
 _ALIGN = 256
 
@@ -163,3 +169,136 @@ def segments(streamed: list[tuple[int, ArraySpec, list[ChunkPiece]]], batch_byte
         step = -(-n // count)
         out.extend(Segment(i, spec, pieces[k : k + step]) for k in range(0, n, step))
     return out
+
+
+class BatchSource:
+    """Every batch of one read, in the order they are read: the route's batched tasks cut at
+    once (:func:`batches`), the streamed requests' :class:`Segment`\\ s (located when
+    submitted) and, where the route shares a group, batches drawn from the :class:`WorkQueue`'s
+    front as the read goes. It submits each batch's reads (:meth:`submit`) and keeps what
+    to wait on for them, oldest first.
+
+    Parameters
+    ----------
+    read
+        The :class:`~.read.Read` (its outputs, device, report and progress).
+    tasks
+        The read's located tasks; streamed ones join them as they are located, to be
+        released with them.
+    plan
+        The scheduler's :class:`~.schedule.RoutePlan`.
+    queue
+        The shared queue, where the plan shares a group.
+    per_batch
+        Bytes a batch may hold (:func:`cost`).
+    streamed
+        Requests located and planned a batch at a time.
+    """
+
+    def __init__(
+        self,
+        read: Any,
+        tasks: list[ChunkTask],
+        plan: Any,
+        queue: WorkQueue | None,
+        per_batch: int,
+        streamed=(),
+    ) -> None:
+        self.read, self.tasks, self.plan, self.queue, self.per_batch = read, tasks, plan, queue, per_batch
+        self.items: list = batches(plan.batched, per_batch) if plan.batched else []
+        self.slots: list = [slots(b) for b in self.items]
+        #: the size of every staging buffer of the read (:func:`staging_bytes`)
+        self.size = staging_bytes(self.slots)
+        if streamed:
+            cut = segments(streamed, per_batch)
+            self.size = max([self.size] + [seg.staging_bound() for seg in cut])
+            self.items += cut
+            self.slots += [None] * len(cut)
+        read.report.batches += len(self.items)
+        read.report.staging_bytes = max(read.report.staging_bytes, self.size)
+        self.pending: list = []  # what to wait on for the submitted batches' reads, oldest first
+        self.submitted: dict[int, float] = {}  # when each batch was submitted
+        self._groups: dict[int, list[Group]] = {}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def has(self, k: int) -> bool:
+        """Whether batch ``k`` is there, drawing it from the queue where it is the next one."""
+        return k < len(self.items) or (k == len(self.items) and self._draw())
+
+    def _draw(self) -> bool:
+        """Cut one more batch from the shared queue's front; False when it gives none."""
+        if self.queue is None:
+            return False
+        taken = self.queue.take_front(self.per_batch, cost)
+        if not taken:
+            return False
+        plan_boxes(taken, self.read.outs)
+        self.items.append(taken)
+        self.slots.append(slots(taken))
+        report = self.read.report
+        report.batches += 1
+        report.staging_bytes = max(report.staging_bytes, self.slots[-1][2])
+        return True
+
+    def submit(self, k: int, session: Any) -> None:
+        """Start batch ``k``'s reads in the I/O ``session`` (a segment is located first):
+        allocate its staging buffer and read each staged task into its slot, and each direct
+        one straight into its output."""
+        self.submitted[k] = time.perf_counter()
+        read = self.read
+        if isinstance(self.items[k], Segment):
+            located = self.items[k].locate(read.outs, read.device)
+            read.report.chunks += len(located)
+            self.tasks.extend(located)
+            read.grow_progress(located)
+            self.items[k] = located
+        batch = self.items[k]
+        staged, offsets, total = self.slots[k] if self.slots[k] is not None else slots(batch)
+        staging = read.device.empty((max(total, self.size),), np.uint8) if staged else None
+        ops = []
+        for t, off in zip(staged, offsets):
+            t.staging = staging
+            t.data = staging[off : off + t.nbytes]
+            t.stage = off
+            ops.append(t.read_op(t.offset, t.nbytes, t.data))
+        flat: dict[int, Any] = {}
+        for t in batch:
+            if t.direct is not None:
+                file_off, n, out_off = t.direct
+                if t.out not in flat:
+                    flat[t.out] = bytes_of(read.outs[t.out])
+                ops.append(t.read_op(file_off, n, flat[t.out][out_off : out_off + n]))
+        self.pending.append(session.submit(ops))
+
+    def land(self) -> None:
+        """Wait for the oldest submitted batch's reads (holding no reference to them after)."""
+        self.pending.pop(0).wait()
+
+    def groups(self, k: int) -> list[Group]:
+        """Batch ``k``'s staged tasks by recipe, each group decoded in one call per codec where
+        the plan says (on the GPU, in the decoder process)."""
+        if k not in self._groups:
+            found: dict[int, list[ChunkTask]] = {}
+            for t in self.items[k]:
+                if t.direct is None:
+                    found.setdefault(t.spec.recipe.key, []).append(t)
+            gpu, alone = self.plan.on_gpu, self.plan.isolated
+            self._groups[k] = [Group(ts, gpu.get(r, False), alone.get(r, False)) for r, ts in found.items()]
+        return self._groups[k]
+
+    def done(self, k: int) -> None:
+        """Batch ``k`` is placed: count its progress and hold its tasks no longer."""
+        self._groups.pop(k, None)
+        self.read.advance(self.items[k])
+        self.items[k] = ()
+
+    def settle(self) -> None:
+        """Let every read in flight land (errors ignored: the first one is raised already)."""
+        for waiter in self.pending:
+            try:
+                waiter.wait()
+            except Exception:  # noqa: BLE001 - the first error is the one reported
+                pass
+        self.pending.clear()

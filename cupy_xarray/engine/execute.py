@@ -15,52 +15,15 @@ import contextlib
 import time
 from typing import Any
 
-import numpy as np
-
 from ..runtime.buffers import side_stream
 from . import batches as cut
 from . import host, observed
 from .decoders import decode_group, prepare_group, prepares, stream_kind, while_decoding
-from .place import bytes_of, copy_twins, host_twins, place_group, plan_boxes
+from .place import copy_twins, host_twins, place_group, plan_boxes
 from .read import Read
 from .schedule import device_key, pace_key
 from .share import WorkQueue
 from .tasks import ChunkTask, Group
-
-
-def _submit(session: Any, batch: list[ChunkTask], read: Read, size: int, slots=None):
-    """Allocate the batch's staging buffer (at least ``size`` bytes: :func:`.batches.staging_bytes`)
-    and start its reads; what to wait on for them (the tasks hold the staging). ``slots``:
-    :func:`.batches.slots` of the batch, where already computed."""
-    staged, offsets, total = slots if slots is not None else cut.slots(batch)
-    staging = read.device.empty((max(total, size),), np.uint8) if staged else None  # none for direct reads
-    ops = []
-    for t, off in zip(staged, offsets):
-        t.staging = staging
-        t.data = staging[off : off + t.nbytes]
-        t.stage = off
-        ops.append(t.read_op(t.offset, t.nbytes, t.data))
-    flat: dict[int, Any] = {}
-    for t in batch:
-        if t.direct is not None:
-            file_off, n, out_off = t.direct
-            if t.out not in flat:
-                flat[t.out] = bytes_of(read.outs[t.out])
-            dest = flat[t.out][out_off : out_off + n]
-            ops.append(t.read_op(file_off, n, dest))
-    return session.submit(ops)
-
-
-def _groups(batch: list[ChunkTask], plan: Any) -> list[Group]:
-    """A batch's staged tasks by recipe, each group decoded in one call per codec where the
-    scheduler's ``plan`` says (:class:`.schedule.RoutePlan`)."""
-    groups: dict[int, list[ChunkTask]] = {}
-    for t in batch:
-        if t.direct is None:
-            groups.setdefault(t.spec.recipe.key, []).append(t)
-    return [
-        Group(tasks, plan.on_gpu.get(k, False), plan.isolated.get(k, False)) for k, tasks in groups.items()
-    ]
 
 
 def _side(device: Any) -> Any:
@@ -168,133 +131,37 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
     """Read, decode and place located tasks into the read's outputs. ``assemble``: a small GPU
     read may be assembled in pinned host memory (:func:`.place.host_twins`); ``streamed``:
     requests located and planned a batch at a time, as their batches are submitted."""
-    device, clock, options = read.device, read.clock, read.options
-    outs = read.outs
+    device, options = read.device, read.options
     began = time.perf_counter()
-    limit = cut.staging_limit(outs, read.batch_bytes, read.decode, options, _free_for_batches(read, tasks))
+    free = _free_for_batches(read, tasks)
+    limit = cut.staging_limit(read.outs, read.batch_bytes, read.decode, options, free)
     plan = read.scheduler.plan(tasks, device, read.decode, limit)
     read.report.decisions.extend(plan.decisions)
-    batched, on_host = plan.batched, plan.on_host
     queue = WorkQueue(plan.shared, plan.front_bytes, plan.fixed_s, cut.max_ops()) if plan.shared else None
-    plan_boxes(batched, outs)
-    depth = cut.depth(batched + plan.shared, clock.crowded, options)
-    per_batch = limit * 2 // depth
-    batches: list = cut.batches(batched, per_batch) if batched else []
-    slots: list = [cut.slots(b) for b in batches]
-    size = cut.staging_bytes(slots)
-    if streamed:
-        segments = cut.segments(streamed, per_batch)
-        size = max([size] + [seg.staging_bound() for seg in segments])
-        batches += segments
-        slots += [None] * len(segments)
-    read.report.batches += len(batches)
-    read.report.staging_bytes = max(read.report.staging_bytes, size)
-    grouped: dict[int, list[Group]] = {}
-
-    def draw() -> bool:
-        """Cut one more batch from the shared queue's front; False when it gives none."""
-        if queue is None:
-            return False
-        taken = queue.take_front(per_batch, cut.cost)
-        if not taken:
-            return False
-        plan_boxes(taken, outs)
-        batches.append(taken)
-        slots.append(cut.slots(taken))
-        read.report.batches += 1
-        read.report.staging_bytes = max(read.report.staging_bytes, slots[-1][2])
-        return True
-
-    def groups_of(k: int) -> list[Group]:
-        if k not in grouped:
-            grouped[k] = _groups(batches[k], plan)
-        return grouped[k]
-
-    submitted: dict[int, float] = {}
-
-    def submit(k: int):
-        submitted[k] = time.perf_counter()
-        if isinstance(batches[k], cut.Segment):
-            located = batches[k].locate(outs, device)
-            read.report.chunks += len(located)
-            tasks.extend(located)  # released with the others
-            read.grow_progress(located)
-            batches[k] = located
-        return _submit(session, batches[k], read, size, slots[k])
-
-    pending: list = []
+    plan_boxes(plan.batched, read.outs)
+    depth = cut.depth(plan.batched + plan.shared, read.clock.crowded, options)
+    source = cut.BatchSource(read, tasks, plan, queue, limit * 2 // depth, streamed)
     jobs = None
     try:
-        twins = host_twins(read, on_host, batches or plan.shared) if assemble else None
+        twins = host_twins(read, plan.on_host, source.items or plan.shared) if assemble else None
         # reads of the host route alone need no session (kvikio's setup costs every dask task)
-        with device.io.session(device.threads) if batches or queue else contextlib.nullcontext() as session:
+        busy = bool(source.items) or queue is not None
+        with device.io.session(device.threads) if busy else contextlib.nullcontext() as session:
             try:
-                alone = not batches and queue is None  # nothing else runs beside the host route's jobs
                 host_t0 = time.perf_counter()
-                if twins is not None:
-                    jobs = host.start(on_host, twins, host.host_device(device), options, inline=alone)
-                else:
-                    jobs = host.start(on_host, outs, device, options, inline=alone)
-                for k in range(depth - 1):
-                    if k < len(batches) or (k == len(batches) and draw()):
-                        pending.append(submit(k))
-                cpu_waits = queue is not None and bool(batches) and options.share_start == "decode"
-                if queue is not None and not cpu_waits:  # (after the first batch is drawn)
-                    host.take_from(queue, outs, device, options, jobs)
-                ahead: dict = {}  # the next batch's checks, started while this one decodes
-                geometry: dict = {}  # per output: its pieces' box copies (Boxes)
-                b = 0
-                while b < len(batches) or (queue is not None and draw()):
-                    if b == len(batches) - 1 and not pending:  # drawn late: the CPU threads lag
-                        pending.append(submit(b))
-                    nxt_k = b + depth - 1
-                    if nxt_k < len(batches) or (nxt_k == len(batches) and draw()):
-                        pending.append(submit(nxt_k))
-                    clock.lap("submit")
-                    waiter = pending.pop(0)
-                    waiter.wait()
-                    clock.lap("io wait")
-                    if b == 0:
-                        _saw_io(batches[0], read, time.perf_counter() - submitted[0])
-                    if cpu_waits:  # the batch's reads have landed: the CPU threads start now
-                        cpu_waits = False
-                        host.take_from(queue, outs, device, options, jobs)
-                    groups = groups_of(b)
-                    if not ahead.pop("started", False):
-                        _start_ahead(groups, device)
-                    # (the next batch is located: it was submitted before this one was waited for)
-                    nxt = groups_of(b + 1) if b + 1 < len(batches) else None
-                    if nxt is not None and any(prepares(g, device) for g in nxt):
-                        work = _ahead(nxt, pending[0], read, ahead)
-                        with while_decoding(work):
-                            _finish(groups, read, geometry)
-                        if not ahead:  # no decode of this batch ran on the GPU: now, then
-                            work()
-                        if "error" in ahead:
-                            raise ahead.pop("error")
-                    else:
-                        _finish(groups, read, geometry)
-                    device.synchronize()  # staging memory is reused by the next batch's reads
-                    # hold no reference to this batch's staging: the next batch's is allocated
-                    # before this loop comes back, and only ``depth`` may be alive at once
-                    waiter = None
-                    grouped.pop(b, None)
-                    clock.lap("sync")
-                    read.advance(batches[b])
-                    batches[b] = ()  # its tasks are placed: the list need not hold them
-                    b += 1
-                if cpu_waits:  # (no batch was read after all)
-                    host.take_from(queue, outs, device, options, jobs)
+                outs, on = (twins, host.host_device(device)) if twins is not None else (read.outs, device)
+                jobs = host.start(plan.on_host, outs, on, options, inline=not busy)
+                _read_batches(read, source, session, depth, jobs)
                 jobs.wait()
-                _saw_pool(on_host, queue, read, time.perf_counter() - host_t0)
+                _saw_pool(plan.on_host, queue, read, time.perf_counter() - host_t0)
                 if twins is not None:
-                    copy_twins(twins, outs, device)
-                clock.lap("host route")
-                clock.stats.update(jobs.stats or {})
-                read.advance(on_host)
+                    copy_twins(twins, read.outs, device)
+                read.clock.lap("host route")
+                read.clock.stats.update(jobs.stats or {})
+                read.advance(plan.on_host)
                 if queue is not None:
                     read.advance(queue.taken_back)
-                if device.name == "gpu" and not clock.crowded:
+                if device.name == "gpu" and not read.clock.crowded:
                     read.scheduler.saw_read(plan, device, time.perf_counter() - began)
             except BaseException:
                 # let reads in flight land before their buffers are released
@@ -302,18 +169,72 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                     queue.close()
                 if jobs is not None:
                     jobs.cancel()
-                if device.name == "gpu" and batches:
+                if device.name == "gpu" and source.items:
                     side_stream(device.xp).synchronize()  # checks started ahead read staging
-                for waiter in pending:
-                    try:
-                        waiter.wait()
-                    except Exception:  # noqa: BLE001 - the first error is the one reported
-                        pass
-                outs.clear()
+                source.settle()
+                read.outs.clear()
                 raise
     finally:
         if queue is not None:
             queue.count(plan.decisions)
-        pending.clear()
+        source.pending.clear()
         for t in tasks:
             t.release()
+
+
+def _read_batches(read: Read, source: cut.BatchSource, session: Any, depth: int, jobs: Any) -> None:
+    """Read, decode and place every batch, ``depth`` of them in flight; a shared queue's CPU
+    threads join ``jobs`` once the first batch's reads have landed (or at once: the
+    ``share_start`` option)."""
+    clock, device, options, queue = read.clock, read.device, read.options, source.queue
+    for k in range(depth - 1):
+        if source.has(k):
+            source.submit(k, session)
+    cpu_waits = queue is not None and len(source) > 0 and options.share_start == "decode"
+    if queue is not None and not cpu_waits:  # (after the first batch is drawn)
+        host.take_from(queue, read.outs, device, options, jobs)
+    ahead: dict = {}  # the next batch's checks, started while this one decodes
+    geometry: dict = {}  # per output: its pieces' box copies (Boxes)
+    b = 0
+    while source.has(b):
+        if b == len(source) - 1 and not source.pending:  # drawn late: the CPU threads lag
+            source.submit(b, session)
+        if source.has(b + depth - 1):
+            source.submit(b + depth - 1, session)
+        clock.lap("submit")
+        source.land()
+        clock.lap("io wait")
+        if b == 0:
+            _saw_io(source.items[0], read, time.perf_counter() - source.submitted[0])
+        if cpu_waits:  # the batch's reads have landed: the CPU threads start now
+            cpu_waits = False
+            host.take_from(queue, read.outs, device, options, jobs)
+        _decode_batch(read, source, b, ahead, geometry)
+        device.synchronize()  # staging memory is reused by the next batch's reads
+        source.done(b)
+        clock.lap("sync")
+        b += 1
+    if cpu_waits:  # (no batch was read after all)
+        host.take_from(queue, read.outs, device, options, jobs)
+
+
+def _decode_batch(read: Read, source: cut.BatchSource, b: int, ahead: dict, geometry: dict) -> None:
+    """Decode and place batch ``b``, whose reads have landed; where the next batch has checks
+    to start (Blosc's layout, on the side stream), start them once its reads land, while this
+    one decodes."""
+    device = read.device
+    groups = source.groups(b)
+    if not ahead.pop("started", False):
+        _start_ahead(groups, device)
+    # (the next batch is located: it was submitted before this one was waited for)
+    nxt = source.groups(b + 1) if b + 1 < len(source) else None
+    if nxt is None or not any(prepares(g, device) for g in nxt):
+        _finish(groups, read, geometry)
+        return
+    work = _ahead(nxt, source.pending[0], read, ahead)
+    with while_decoding(work):
+        _finish(groups, read, geometry)
+    if not ahead:  # no decode of this batch ran on the GPU: now, then
+        work()
+    if "error" in ahead:
+        raise ahead.pop("error")
