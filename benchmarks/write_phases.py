@@ -14,12 +14,12 @@ A float32 ``(T, 2048, 2048)`` field of smooth data in 4 MiB tiles ``(4, 512, 512
   copied to the host one by one (1 to 16 threads) or packed and copied at once, and files
   created, written, renamed alone;
 - the engine's whole write into a fresh directory at several batch sizes
-  (``encoders.GPU_BATCH_CHUNKS``), with its report: time waiting for the encoder and for
+  (the ``write_gpu_batch_chunks`` option), with its report: time waiting for the encoder and for
   files, device memory its batches held; with given batch plans (``--plans``), batches
-  queued at once (``--depths``, ``encoders.IN_FLIGHT``), the output packed or not
-  (``--pack``, ``encoders.PACK_OUTPUT``), file threads (``--file-threads``); with nvCOMP and
+  queued at once (``--depths``, ``write_in_flight``), the output packed or not
+  (``--pack``, ``write_pack_output``), file threads (``--file-threads``); with nvCOMP and
   CPU threads sharing each batch (``--shares``: CPU threads' share of the chunks,
-  ``encoders.CPU_SHARE``); and with CPU threads compressing instead of nvCOMP;
+  ``write_cpu_share_*``); and with CPU threads compressing instead of nvCOMP;
 - with ``--trace``, one write batch by batch (queued, encoded, handed to the file threads)
   and where its file threads' time went.
 
@@ -89,8 +89,8 @@ def main() -> None:
         help="batch plans to time, ';' between plans: chunks per batch, ',' between batches "
         "('256x4' for four of 256), or 'auto' for the writer's own; each at every --depths",
     )
-    ap.add_argument("--depths", default="2", help="batches queued on the GPU at once (encoders.IN_FLIGHT)")
-    ap.add_argument("--pack", default="1", help="encoders.PACK_OUTPUT of the plans' writes: 1, 0 or 1,0")
+    ap.add_argument("--depths", default="2", help="batches queued on the GPU at once (write_in_flight)")
+    ap.add_argument("--pack", default="1", help="write_pack_output of the plans' writes: 1, 0 or 1,0")
     ap.add_argument("--trace", action="store_true", help="when each batch of a write was queued, written")
     ap.add_argument("--file-threads", default="", help="the engine's write with these file threads too")
     ap.add_argument(
@@ -205,11 +205,12 @@ def main() -> None:
             flush=True,
         )
 
-    share = encoders.CPU_SHARE.get(algo, 0.0)
+    from cupy_xarray import set_options
+
+    share = get_options().write_cpu_share(algo)
     for size in [int(b) for b in args.batches.split(",")]:
-        encoders.GPU_BATCH_CHUNKS = size
-        engine(f"batches of {size} (CPU share {share})")
-    encoders.GPU_BATCH_CHUNKS = 256
+        with set_options(write_gpu_batch_chunks=size):
+            engine(f"batches of {size} (CPU share {share})")
     own_plan = chunks._plan
     for text in [t for t in args.plans.split(";") if t]:
         plan = None if text == "auto" else _parse_plan(text)
@@ -218,21 +219,17 @@ def main() -> None:
             continue
         chunks._plan = own_plan if plan is None else (lambda total, cap, row, plan=plan: list(plan))
         for depth, pack in [(int(d), int(p)) for d in args.depths.split(",") for p in args.pack.split(",")]:
-            encoders.IN_FLIGHT, encoders.PACK_OUTPUT = depth, bool(pack)
-            engine(f"plan {text} depth {depth} pack {pack}")
+            with set_options(write_in_flight=depth, write_pack_output=bool(pack)):
+                engine(f"plan {text} depth {depth} pack {pack}")
     chunks._plan = own_plan
-    encoders.IN_FLIGHT, encoders.PACK_OUTPUT = 2, True
     if args.trace:
         _trace(ds, target, encoding, chunks, encoders)
-    from cupy_xarray import set_options
-
     for threads in [int(x) for x in args.file_threads.split(",") if x]:
         with set_options(decode_threads=threads):
             engine(f"{threads} file threads")
-    encoders.GPU_BATCH_CHUNKS = per
     for share in [float(x) for x in args.shares.split(",") if x]:
-        encoders.CPU_SHARE[algo] = share
-        engine(f"CPU share {share}, batches of {per}")
+        with set_options(write_gpu_batch_chunks=per, write_cpu_share_zstd=share, write_cpu_share_lz4=share):
+            engine(f"CPU share {share}, batches of {per}")
     # the same write with the chunks compressed by CPU threads (a batch copied to the host at a time)
     gpu_supports = encoders.GPUEncoder.supports
     encoders.GPUEncoder.supports = lambda self, recipe, chunk_bytes=0: not recipe.compressed

@@ -95,10 +95,25 @@ class Options:
     gather_bytes: int = 2 * 2**30
     box_min_row: int = 512
     box_max_copies: int = 16
+    # -- how a write (``.cupy.to_zarr``) is cut up (measured on an H200 host with 16 cores;
+    # see the contributor guide) -------------------------------------------------------------
+    small_write_bytes: int = 8 * 2**20
+    write_batch_bytes: int = 2**30
+    write_gpu_batch_chunks: int = 256
+    write_in_flight: int = 2
+    write_pack_output: bool = True
+    write_gpu_min_bytes: int = 256 * 2**20
+    write_cpu_share_zstd: float = 0.0
+    write_cpu_share_lz4: float = 1.0
 
     def host_decode_threads(self) -> int:
         """CPU threads that decode for a GPU read: ``decode_threads``, else one per core (at most 32)."""
         return max(1, self.decode_threads or min(32, cores()))
+
+    def write_cpu_share(self, algorithm: str) -> float:
+        """The share of a write's batch CPU threads compress beside nvCOMP, for nvCOMP's
+        ``algorithm`` (``"Zstd"`` or ``"LZ4"``; 0 for any other)."""
+        return {"Zstd": self.write_cpu_share_zstd, "LZ4": self.write_cpu_share_lz4}.get(algorithm, 0.0)
 
     def io_threads(self) -> int:
         """I/O threads where none are asked for: ``threads``, else one per core, 4 to 32
@@ -165,6 +180,12 @@ def _check(options: Options, source: str) -> Options:
         value = getattr(options, name)
         if value is not None and value <= 0:
             raise ValueError(f"{name} must be a positive number or None, got {value!r} ({source})")
+    for name in ("write_cpu_share_zstd", "write_cpu_share_lz4"):
+        if not 0 <= getattr(options, name) <= 1:
+            raise ValueError(f"{name} must be between 0 and 1, got {getattr(options, name)!r} ({source})")
+    for name in ("write_batch_bytes", "write_gpu_batch_chunks", "write_in_flight"):
+        if getattr(options, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(options, name)!r} ({source})")
     return options
 
 
@@ -302,9 +323,13 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         a read whose outputs fit starts again with batches a quarter the size, down to
         ``min_batch_bytes`` (default 64 MiB), and its report says so. A write from the GPU
         (``.cupy.to_zarr``) keeps its two batches in flight within the same share.
+    small_write_bytes
+        A Dataset of fewer bytes is written by xarray from host copies: faster than the
+        engine's setup (default 8 MiB).
 
-    The others (``wave_bytes``, ``stream_bytes``, ``inline_bytes``, ...) say how the
-    engine cuts a read up; the contributor guide explains them.
+    The others (``wave_bytes``, ``stream_bytes``, ``inline_bytes``, ``write_batch_bytes``,
+    ``write_gpu_min_bytes``, ...) say how the engine cuts a read or a write up; the
+    contributor guide explains them.
     """
 
     def __init__(self, **changes: Any) -> None:

@@ -18,10 +18,11 @@ import pytest
 import xarray as xr
 import zarr
 
-from cupy_xarray import record_writes
+from cupy_xarray import get_options, record_writes
 from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, read_arrays
 from cupy_xarray.write import encoders
+from cupy_xarray.write.context import Write
 
 
 def _files(root: Path) -> dict[str, Path]:
@@ -128,32 +129,26 @@ NVCOMP_CHAINS = {"zstd-1", "zstd-3", "zstd-0", "zstd+crc32c", "lz4", "lz4+crc32c
 
 
 @pytest.fixture(autouse=True)
-def _nvcomp_for_small_writes(request, monkeypatch):
+def _nvcomp_for_small_writes(request, options):
     """The GPU tests write small arrays: through nvCOMP, as large writes are (a write of less
-    than ``GPU_MIN_BYTES`` is otherwise compressed on CPU threads)."""
+    than the ``write_gpu_min_bytes`` option is otherwise compressed on CPU threads)."""
     if request.node.get_closest_marker("gpu") and not request.node.get_closest_marker("small_writes"):
-        from cupy_xarray.write import encoders
-
-        monkeypatch.setattr(encoders, "GPU_MIN_BYTES", 0)
+        options(write_gpu_min_bytes=0)
 
 
 @pytest.fixture(autouse=True)
-def _engine_for_small_datasets(request, monkeypatch):
+def _engine_for_small_datasets(request, options):
     """The tests write small Datasets: through the engine, as large ones are (a Dataset of
-    fewer than ``SMALL_WRITE_BYTES`` is otherwise written by xarray)."""
+    fewer than the ``small_write_bytes`` option is otherwise written by xarray)."""
     if not request.node.get_closest_marker("small_datasets"):
-        from cupy_xarray.write import dataset
-
-        monkeypatch.setattr(dataset, "SMALL_WRITE_BYTES", 0)
+        options(small_write_bytes=0)
 
 
 def _gpu_encoder(chain: str) -> str:
     """The encoder of GPU data: nvCOMP sharing batches with CPU threads, nvCOMP (uncompressed
     and crc32c chunks), or CPU threads."""
-    from cupy_xarray.write import encoders
-
     if chain in NVCOMP_CHAINS:
-        share = encoders.CPU_SHARE["LZ4" if chain.startswith("lz4") else "Zstd"]
+        share = get_options().write_cpu_share("LZ4" if chain.startswith("lz4") else "Zstd")
         return "gpu" if share == 0 else "gpu+cpu" if share < 1 else "cpu"
     return "gpu" if chain in ("none", "crc32c") else "cpu"
 
@@ -176,12 +171,10 @@ def test_the_engine_writes_the_files_xarray_writes(tmp_path, fmt, chain, dtype):
     xr.testing.assert_identical(xr.open_dataset(tmp_path / "engine.zarr", engine="zarr").load(), want)
 
 
-def test_random_writes_match_xarray(tmp_path, monkeypatch):
+def test_random_writes_match_xarray(tmp_path, options):
     """Random codecs, dtypes, shapes and chunks, eager or in dask blocks of whole chunks, then
     appended to along the first axis: the files xarray writes."""
-    from cupy_xarray.write import chunks
-
-    monkeypatch.setattr(chunks, "BATCH_BYTES", 3000)  # batches of a few chunks
+    options(write_batch_bytes=3000)  # batches of a few chunks
     rng = np.random.default_rng(2026)
     for case in range(32):
         fmt = int(rng.choice([2, 3]))
@@ -216,14 +209,49 @@ def test_random_writes_match_xarray(tmp_path, monkeypatch):
             assert_same_files(a, b)
 
 
+@pytest.mark.parametrize("batch_bytes", [1 << 30, 2 * 16 * 16 * 4])
+def test_dask_blocks_are_written_with_the_calls_settings(tmp_path, batch_bytes):
+    """The settings in effect where ``to_zarr`` is called hold for the dask blocks it writes on
+    dask's threads: a batch of at most ``write_batch_bytes`` (here one chunk, or a block)."""
+    import dask
+
+    from cupy_xarray import set_options
+
+    ds = _dataset("f4", (8, 32, 48), holes=False).chunk({"t": 4, "y": 32, "x": 48})  # 2 blocks
+    enc = {"v": {"chunks": (2, 16, 16), "compressors": zarr.codecs.ZstdCodec(level=1)}}
+    ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
+    with dask.config.set(scheduler="threads"), record_writes() as reports:
+        with set_options(write_batch_bytes=batch_bytes, small_write_bytes=0):
+            ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
+    (report,) = reports
+    # 24 chunks in two blocks: a batch a chunk, or one or two a block (the last row in two)
+    assert report.batches == (24 if batch_bytes < 1 << 30 else 4), str(report)
+    assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("write_cpu_share_zstd", 1.5),
+        ("write_cpu_share_lz4", -0.1),
+        ("write_batch_bytes", 0),
+        ("write_in_flight", 0),
+    ],
+)
+def test_write_settings_out_of_range_are_refused(name, value):
+    from cupy_xarray import set_options
+
+    with pytest.raises(ValueError, match=name):
+        set_options(**{name: value})
+
+
 @pytest.mark.parametrize("shape", [(8, 32, 48), (9, 32, 48), (8, 30, 48), (64,), (6, 32)])
 @pytest.mark.parametrize("batch_bytes", [1 << 30, 6 * 2048, 2048])
-def test_batches_of_grid_rows_and_of_single_chunks(tmp_path, monkeypatch, shape, batch_bytes):
+def test_batches_of_grid_rows_and_of_single_chunks(tmp_path, shape, batch_bytes, options):
     """Batches of whole rows of the chunk grid are gathered in one copy, others chunk by
     chunk (edges padded): the files are xarray's either way."""
-    from cupy_xarray.write import chunks
 
-    monkeypatch.setattr(chunks, "BATCH_BYTES", batch_bytes)
+    options(write_batch_bytes=batch_bytes)
     ds = _dataset("f4", shape, holes=False)
     chunk = (2, 16, 16)[: len(shape)] if len(shape) > 1 else (8,)
     enc = {"v": {"chunks": chunk, "compressors": zarr.codecs.ZstdCodec(level=1)}}
@@ -236,21 +264,20 @@ def test_batches_of_grid_rows_and_of_single_chunks(tmp_path, monkeypatch, shape,
 
 @pytest.mark.parametrize("share", [0.0, 0.3, 0.5, 1.0])
 @pytest.mark.parametrize("chain", ["zstd-1", "zstd+crc32c", "lz4+crc32c"])
-def test_batches_shared_between_two_encoders(tmp_path, monkeypatch, share, chain):
+def test_batches_shared_between_two_encoders(tmp_path, monkeypatch, share, chain, options):
     """A batch split between two encoders (nvCOMP and CPU threads on a GPU; here CPU threads
     on both sides) and merged back: chunk order, chunks of the fill value, crc32c."""
-    from cupy_xarray.write import chunks, dataset, encoders
+    from cupy_xarray.write import encoders
 
-    monkeypatch.setitem(encoders.CPU_SHARE, "Zstd", share)
-    monkeypatch.setitem(encoders.CPU_SHARE, "LZ4", share)
-    monkeypatch.setattr(chunks, "BATCH_BYTES", 7 * 2 * 16 * 16 * 4)  # batches of 7 chunks
+    options(write_cpu_share_zstd=share, write_cpu_share_lz4=share)
+    options(write_batch_bytes=7 * 2 * 16 * 16 * 4)  # batches of 7 chunks
     shared = []
 
     def encoder_for(self, on_gpu, recipe, chunk_bytes, nbytes):
-        shared.append(encoders.SharedEncoder(self.cpu, self.cpu))
+        shared.append(encoders.SharedEncoder(self.cpu, self.cpu, self.options))
         return shared[-1] if shared[-1].supports(recipe, chunk_bytes) else self.cpu
 
-    monkeypatch.setattr(dataset._ChunkWriter, "encoder_for", encoder_for)
+    monkeypatch.setattr(Write, "encoder_for", encoder_for)
     ds = _dataset("f4", (8, 48, 48))  # chunks of NaN only among them
     enc = {"v": {"chunks": (2, 16, 16), "compressors": _chains(3)[chain]}}
     ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
@@ -266,18 +293,21 @@ def test_batches_shared_between_two_encoders(tmp_path, monkeypatch, share, chain
     "chain,nbytes,want",
     [("zstd-1", 2**20, "cpu"), ("zstd-1", 2**30, "gpu"), ("none", 2**20, "gpu"), ("blosc-lz4", 2**30, "cpu")],
 )
-def test_small_compressed_writes_of_gpu_data_go_to_cpu_threads(tmp_path, monkeypatch, chain, nbytes, want):
+def test_small_compressed_writes_of_gpu_data_go_to_cpu_threads(
+    tmp_path, monkeypatch, chain, nbytes, want, options
+):
     """nvCOMP's call costs about 80 ms whatever its size: a compressed write of less than
-    GPU_MIN_BYTES is faster on CPU threads (the choice alone; on a GPU machine too, below)."""
-    from cupy_xarray.write import dataset, encoders
+    ``write_gpu_min_bytes`` is faster on CPU threads (the choice alone; on a GPU machine too,
+    below)."""
+    from cupy_xarray.write import encoders
 
     monkeypatch.setattr(encoders, "batched_encoder", lambda algo: object())  # as if nvCOMP were here
-    monkeypatch.setitem(encoders.CPU_SHARE, "Zstd", 0.0)
+    options(write_cpu_share_zstd=0.0)
     codecs = _chains(3)[chain]
     meta = zarr.create_array(
         tmp_path / "a.zarr", shape=(4, 8), chunks=(2, 8), dtype="f4", compressors=codecs
     ).metadata
-    writer = dataset._ChunkWriter(tmp_path, 4)
+    writer = Write(tmp_path)
     encoder = writer.encoder_for(True, encoders.recipe_of(meta), 64, nbytes)
     assert encoder.name == want
     assert writer.encoder_for(False, encoders.recipe_of(meta), 64, nbytes).name == "cpu"
@@ -514,13 +544,12 @@ SHARD_CHAINS = ["none", "zstd-1", "zstd+crc32c", "crc32c", "lz4+crc32c", "blosc-
 @pytest.mark.parametrize("chain", SHARD_CHAINS)
 @pytest.mark.parametrize("where,crc", [("end", True), ("start", True), ("end", False)])
 @pytest.mark.parametrize("batch_bytes", [1 << 30, 3000], ids=["one-batch", "a-shard-a-batch"])
-def test_sharded_arrays_are_written_by_the_engine(tmp_path, monkeypatch, chain, where, crc, batch_bytes):
+def test_sharded_arrays_are_written_by_the_engine(tmp_path, chain, where, crc, batch_bytes, options):
     """Whole shards, edge shards (padded, their chunks outside the array left out), inner
     chunks and whole shards of the fill value left out, the index before or after the chunks,
     with or without its crc32c: the files zarr-python writes, byte for byte."""
-    from cupy_xarray.write import chunks
 
-    monkeypatch.setattr(chunks, "BATCH_BYTES", batch_bytes)
+    options(write_batch_bytes=batch_bytes)
     ds = _dataset("f4", (9, 34, 41))  # NaN in y < 11: whole inner chunks and shards of it
     enc = {"v": _sharded(chain, (2, 5, 8), (4, 10, 16), where, crc)}
     ds.to_zarr(tmp_path / "x.zarr", encoding=enc)
@@ -540,15 +569,13 @@ def test_sharded_arrays_are_written_by_the_engine(tmp_path, monkeypatch, chain, 
     )
 
 
-def test_sharded_writes_in_grid_rows_dask_blocks_appends_and_regions(tmp_path, monkeypatch):
+def test_sharded_writes_in_grid_rows_dask_blocks_appends_and_regions(tmp_path, options):
     """Shards gathered a grid row at a time and one by one, dask blocks of whole shards
     (``encoding=`` with ``shards=``), an append of whole shards and a region of one, a shard
     that now holds only the fill value deleted: zarr-python's files."""
     import dask
 
-    from cupy_xarray.write import chunks
-
-    monkeypatch.setattr(chunks, "BATCH_BYTES", 2 * 4 * 16 * 24 * 4)  # two shards a batch
+    options(write_batch_bytes=2 * 4 * 16 * 24 * 4)  # two shards a batch
     ds = _dataset("f4", (8, 32, 48), holes=False)
     enc = {"v": {"chunks": (2, 8, 8), "shards": (4, 16, 24), "compressors": zarr.codecs.ZstdCodec(level=1)}}
     a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
@@ -761,7 +788,7 @@ def test_a_write_short_of_memory_goes_on_in_smaller_batches(tmp_path, monkeypatc
         ds.cupy.to_zarr(tmp_path / "f.zarr", encoding=enc)
 
 
-def test_a_write_that_fails_midway_leaves_no_partial_chunk(tmp_path, monkeypatch):
+def test_a_write_that_fails_midway_leaves_no_partial_chunk(tmp_path, monkeypatch, options):
     from cupy_xarray.write import chunks
 
     ds = _dataset(holes=False)
@@ -774,7 +801,7 @@ def test_a_write_that_fails_midway_leaves_no_partial_chunk(tmp_path, monkeypatch
         written.append(Path(path))
 
     monkeypatch.setattr(chunks, "_rename", failing)
-    monkeypatch.setattr(chunks, "BATCH_BYTES", 4096)  # several batches
+    options(write_batch_bytes=4096)  # several batches
     enc = {"v": {"chunks": (2, 8, 16), "compressors": zarr.codecs.ZstdCodec(level=1)}}
     with pytest.raises(OSError, match="No space left"):
         ds.cupy.to_zarr(tmp_path / "e.zarr", encoding=enc)
@@ -827,10 +854,9 @@ def test_the_store_a_dataset_is_read_from_is_not_overwritten(tmp_path):
 @pytest.mark.parametrize("fmt,chain", CASES, ids=[f"v{f}-{c}" for f, c in CASES])
 @pytest.mark.parametrize("dtype", ["f4", "i2", "f8"])
 @pytest.mark.parametrize("batch", [2, 512], ids=["batches-of-2", "one-batch"])
-def test_gpu_data_written_reads_back_bitwise(tmp_path, monkeypatch, fmt, chain, dtype, batch):
-    from cupy_xarray.write import encoders
+def test_gpu_data_written_reads_back_bitwise(tmp_path, fmt, chain, dtype, batch, options):
 
-    monkeypatch.setattr(encoders, "GPU_BATCH_CHUNKS", batch)
+    options(write_gpu_batch_chunks=batch)
     ds = _dataset(dtype, shape=(9, 64, 96))
     enc = {"v": {"chunks": (2, 32, 40), "compressors": _chains(fmt)[chain]}}
     gds = ds.cupy.as_cupy()
@@ -855,15 +881,13 @@ def test_gpu_data_written_reads_back_bitwise(tmp_path, monkeypatch, fmt, chain, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("share", [0.0, 0.25, 1.0])
 @pytest.mark.parametrize("chain", ["none", "crc32c", "zstd-1", "zstd+crc32c", "lz4", "lz4+crc32c"])
-def test_gpu_batches_shared_with_cpu_threads(tmp_path, monkeypatch, share, chain):
+def test_gpu_batches_shared_with_cpu_threads(tmp_path, share, chain, options):
     """nvCOMP alone, nvCOMP and CPU threads sharing each batch, CPU threads alone (each
     batch's rows copied to the host); crc32c computed on the GPU: zarr-python reads the values
     written, and what CPU threads or the GPU's crc32c wrote is byte for byte zarr-python's."""
-    from cupy_xarray.write import encoders
 
-    monkeypatch.setitem(encoders.CPU_SHARE, "Zstd", share)
-    monkeypatch.setitem(encoders.CPU_SHARE, "LZ4", share)
-    monkeypatch.setattr(encoders, "GPU_BATCH_CHUNKS", 8)
+    options(write_cpu_share_zstd=share, write_cpu_share_lz4=share)
+    options(write_gpu_batch_chunks=8)
     ds = _dataset("f4", (8, 48, 48))
     fmt = 2 if chain == "lz4" else 3
     enc = {"v": {"chunks": (2, 16, 16), "compressors": _chains(fmt)[chain]}}
@@ -953,9 +977,8 @@ def test_gpu_zstd_frames_are_what_zstd_readers_decode(tmp_path):
 @pytest.mark.small_datasets
 @pytest.mark.parametrize("where", ["host", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_a_small_dataset_is_written_by_xarray(tmp_path, where):
-    """A Dataset of fewer than SMALL_WRITE_BYTES (eager): xarray's write of host copies, its
+    """A Dataset of fewer than ``small_write_bytes`` (eager): xarray's write of host copies, its
     report says so; a larger one, or one in dask blocks, the engine's."""
-    from cupy_xarray.write import dataset
 
     ds = _dataset("f4", (8, 32, 48))
     data = ds.cupy.as_cupy() if where == "gpu" else ds
@@ -967,9 +990,9 @@ def test_a_small_dataset_is_written_by_xarray(tmp_path, where):
     assert report.arrays == [] and report.notes[0].startswith("small: "), str(report)
     assert str(report).startswith("written by xarray from host copies: "), str(report)
     assert_same_files(tmp_path / "x.zarr", tmp_path / "e.zarr")
-    assert ds.nbytes < dataset.SMALL_WRITE_BYTES
+    assert ds.nbytes < get_options().small_write_bytes
     big = _dataset("f4", (8, 512, 600), holes=False)  # 9.8 MB
-    assert big.nbytes >= dataset.SMALL_WRITE_BYTES
+    assert big.nbytes >= get_options().small_write_bytes
     if where == "gpu":
         big = big.cupy.as_cupy()
     for part, name in ((big, "big"), (ds.chunk({"t": 2}), "lazy")):
@@ -1073,13 +1096,12 @@ def test_gpu_chunks_of_odd_sizes(tmp_path, fmt, chain, endian, dtype):
 )
 @pytest.mark.parametrize("where", ["end", "start"])
 @pytest.mark.parametrize("batch", [4, 512], ids=["a-shard-a-batch", "one-batch"])
-def test_gpu_sharded_writes(tmp_path, monkeypatch, chain, where, batch):
+def test_gpu_sharded_writes(tmp_path, chain, where, batch, options):
     """Shards of GPU data: inner chunks of 420 bytes (rows padded to nvCOMP's alignment),
     edge shards, inner chunks and shards of the fill value, crc32c computed on the GPU:
     zarr-python reads the values written, and what is not nvCOMP's is its own bytes."""
-    from cupy_xarray.write import encoders
 
-    monkeypatch.setattr(encoders, "GPU_BATCH_CHUNKS", batch)
+    options(write_gpu_batch_chunks=batch)
     ds = _dataset("f4", (9, 34, 23))
     enc = {"v": _sharded(chain, (3, 7, 5), (6, 14, 10), where)}
     with record_writes() as reports:

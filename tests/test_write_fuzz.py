@@ -22,11 +22,9 @@ DTYPES = ["f4", "f8", "i4", "u2", "i1", "bool", "c8", "c16", ">f4", ">i2", ">c8"
 
 
 @pytest.fixture(autouse=True)
-def _engine_for_small_datasets(monkeypatch):
-    from cupy_xarray.write import chunks, dataset
-
-    monkeypatch.setattr(dataset, "SMALL_WRITE_BYTES", 0)  # every case through the engine's writer
-    monkeypatch.setattr(chunks, "BATCH_BYTES", 4096)  # batches of a few chunks
+def _engine_for_small_datasets(options):
+    options(small_write_bytes=0)  # every case through the engine's writer
+    options(write_batch_bytes=4096)  # batches of a few chunks
 
 
 def _case(rng: np.random.Generator, case: int) -> dict:

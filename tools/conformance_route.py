@@ -87,12 +87,7 @@ def _route_reads() -> None:
 def _route_writes(small: bool) -> None:
     import xarray as xr
 
-    import cupy_xarray  # noqa: F401 - the .cupy accessor
-
-    if small:
-        from cupy_xarray.write import dataset
-
-        dataset.SMALL_WRITE_BYTES = 0
+    import cupy_xarray  # the .cupy accessor
 
     for cls in (xr.Dataset, xr.DataArray, xr.DataTree):
         original = cls.to_zarr
@@ -104,6 +99,9 @@ def _route_writes(small: bool) -> None:
             bound = __signature.bind(self, *args, **kwargs).arguments
             bound.pop("self")
             bound.update(bound.pop("kwargs", {}))
+            if small:
+                with cupy_xarray.set_options(small_write_bytes=0):
+                    return self.cupy.to_zarr(**bound)
             return self.cupy.to_zarr(**bound)
 
         functools.update_wrapper(routed, original)

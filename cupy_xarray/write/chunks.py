@@ -13,17 +13,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..device import is_cupy_array
 from ..formats.sharding import EMPTY, encode_index
 from ..runtime.buffers import release_idle_memory
-from . import encoders
 from .encoders import DeviceChunk, EncodeError, Pending, Recipe, ShardRecipe, chunk_shape, stream_shape
 
-#: bytes of chunks a batch holds in host memory (data on the host, or encoded by CPU threads)
-BATCH_BYTES = 1 << 30
+if TYPE_CHECKING:
+    from .context import Target, Write
 
 
 @dataclass
@@ -286,36 +286,30 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 
 def write_array(
-    directory: Path,
-    meta: Any,
-    recipe: Recipe,
-    data: Any,
-    xp: Any,
-    encoder: Any,
-    pool: cf.Executor,
-    report: WriteReport,
-    origin: tuple[int, ...] | None = None,
-    overwrite: bool = False,
-    write_empty: bool | None = None,
-) -> None:
-    """Write the chunks of the zarr array in ``directory`` (created already, its metadata
-    ``meta``, its codec chain ``recipe``) that ``data`` (a numpy or cupy array, as ``xp``)
-    covers: all of them, or from chunk ``origin`` of its grid on (a dask block: its ends on
-    chunk boundaries or the array's). ``overwrite``: chunks may be there already (an append, a
-    region): the file of a chunk that now holds only the fill value is deleted, as zarr-python
-    does. ``write_empty``: chunks of the fill value only are written too (``to_zarr``'s
-    ``write_empty_chunks``; None: zarr's ``array.write_empty_chunks``, False by default). A
-    sharded array is written a whole shard at a time (``origin`` counts shards): its
-    inner chunks are the rows, gathered, checked and encoded as chunks are, then written as
-    one file with their index.
+    write: Write, target: Target, data: Any, origin: tuple[int, ...] | None = None
+) -> WriteReport:
+    """Write the chunks of ``target`` (its directory under ``write.root`` made already) that
+    ``data`` (a numpy or cupy array) covers: all of them, or from chunk ``origin`` of its grid
+    on (a dask block: its ends on chunk boundaries or the array's); what it did. Where
+    ``write.overwrite``, chunks may be there already (an append, a region): the file of a chunk
+    that now holds only the fill value is deleted, as zarr-python does. Where
+    ``write.write_empty`` (``to_zarr``'s ``write_empty_chunks``; None: zarr's
+    ``array.write_empty_chunks``, False by default), chunks of the fill value only are
+    written too. A sharded array is written a whole shard at a time (``origin`` counts
+    shards): its inner chunks are the rows, gathered, checked and encoded as chunks are, then
+    written as one file with their index.
 
-    Batches of chunks are gathered into rows of one buffer, checked for chunks of the fill
-    value only, handed to ``encoder`` (which returns at once) and written by ``pool``'s threads
-    while the next ones are gathered and encoded (``encoders.IN_FLIGHT`` batches queued at
-    once, each on a stream of its own on the GPU).
+    Batches of chunks (at most the ``write_batch_bytes`` option in host memory) are gathered
+    into rows of one buffer, checked for chunks of the fill value only, handed to the encoder
+    (:meth:`.context.Write.encoder_for`, which returns at once) and written by the write's
+    file threads while the next ones are gathered and encoded (``write_in_flight`` batches
+    queued at once, each on a stream of its own on the GPU).
     """
     import zarr
 
+    meta, recipe, directory, options = target.meta, target.recipe, write.root / target.name, write.options
+    xp = _xp(data)
+    report = WriteReport(arrays=[target.name])  # its path in the store
     unit = chunk_shape(meta)  # a chunk, or a shard
     shape = stream_shape(meta, recipe)  # a row's chunk
     per_unit = int(np.prod([u // c for u, c in zip(unit, shape)]))
@@ -326,6 +320,7 @@ def write_array(
     native = data.dtype.newbyteorder("=")
     # a v2 fill value of null: zarr-python pads with, and leaves out chunks of, the dtype's zero
     fill = np.asarray(0 if meta.fill_value is None else meta.fill_value, dtype=native)[()]
+    write_empty = write.write_empty
     if write_empty is None:
         write_empty = bool(zarr.config.get("array.write_empty_chunks", False))
     check_empty = not write_empty
@@ -333,15 +328,16 @@ def write_array(
     grid = [range(-(-n // c)) for n, c in zip(data.shape, unit)]
     indexes = list(np.ndindex(*[len(g) for g in grid])) if data.ndim else [()]
     nbytes = int(np.prod(shape)) * native.itemsize
+    encoder = write.encoder_for(xp is not np, recipe, nbytes, int(data.nbytes))
     a = encoder.alignment
     stride = -(-max(nbytes, 1) // a) * a
     per_row = int(np.prod([len(g) for g in grid[1:]])) if data.ndim > 1 else 1
-    cap = max(1, encoder.batch_chunks(nbytes, stride, BATCH_BYTES, recipe) // per_unit)
+    cap = max(1, encoder.batch_chunks(nbytes, stride, options.write_batch_bytes, recipe) // per_unit)
     sizes = _plan(len(indexes), cap, per_row)
-    depth = max(1, encoders.IN_FLIGHT)
+    depth = max(1, options.write_in_flight)
     streams = _streams(xp, depth)
     report.encoder = encoder.name
-    files = _Files(directory, pool, recipe.crc32c, overwrite)
+    files = _Files(directory, write.pool, recipe.crc32c, write.overwrite)
     t0 = time.perf_counter()
     queued: list[tuple[list, Pending]] = []  # oldest first
     budget = 0  # device memory for the files being written: the most a batch held while queued
@@ -396,6 +392,7 @@ def write_array(
                 xp.cuda.Device().synchronize()
         files.close()
         report.seconds += time.perf_counter() - t0
+    return report
 
 
 def _plan(total: int, cap: int, row: int) -> list[int]:
@@ -499,3 +496,12 @@ def _streams(xp: Any, n: int) -> list:
     from ..runtime.buffers import side_stream, thread_stream, write_stream
 
     return [thread_stream(xp), side_stream(xp), *(write_stream(xp, k) for k in range(2, max(n, 2)))]
+
+
+def _xp(data: Any) -> Any:
+    """cupy for data on the GPU, else numpy."""
+    if is_cupy_array(data):
+        import cupy
+
+        return cupy
+    return np

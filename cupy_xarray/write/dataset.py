@@ -5,9 +5,9 @@ encoding, coordinates, consolidated metadata) exactly as ``Dataset.to_zarr`` doe
 numeric variables is then written chunk by chunk from where it lies (:mod:`.chunks`): zstd
 chunks of GPU data through nvCOMP, every other compressor and host data through numcodecs on
 CPU threads; dask arrays a task per block, under dask's threaded or synchronous scheduler.
-Sharded arrays are written a whole shard at a time. A Dataset of little eager data
-(:data:`SMALL_WRITE_BYTES`) is written by xarray from host copies. Appends (``append_dim``) and ``region=``
-writes of slices go the same way where the data begin and end on chunk (shard) boundaries,
+Sharded arrays are written a whole shard at a time. A Dataset of little eager data (the
+``small_write_bytes`` option) is written by xarray from host copies. Appends (``append_dim``)
+and ``region=`` writes of slices go the same way where the data begin and end on chunk (shard) boundaries,
 into the root or a ``group=``, and so does every group of a DataTree. Everything else (dask
 under other schedulers, CF transforms of the values, filters, shard indexes the engine does
 not write, remote stores, ``mode="a"`` without ``append_dim``, ``region="auto"``, appends and
@@ -32,20 +32,11 @@ import numpy as np
 import xarray as xr
 
 from ..device import host_copy, is_dask_array
+from ..options import get_options
 from ..runtime.notes import collecting, file
-from ..runtime.pools import kept_pool
-from . import encoders
-from .chunks import WriteReport, write_array
-from .encoders import (
-    CPUEncoder,
-    GPUEncoder,
-    Recipe,
-    SharedEncoder,
-    Unsupported,
-    chunk_shape,
-    recipe_of,
-    stream_shape,
-)
+from .chunks import WriteReport
+from .context import Target, Write
+from .encoders import Unsupported, chunk_shape, recipe_of
 
 recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
 
@@ -435,22 +426,16 @@ def _import_once() -> None:
             _imported.set()
 
 
-#: a Dataset of eager data of fewer bytes is written by xarray from host copies: the engine's
-#: start (metadata through placeholders, its threads, reading the arrays' metadata back) costs
-#: more than its threads save (one 1 MiB zstd chunk from the GPU on an H200: 40 ms through the
-#: engine, 22 ms through ``as_numpy().to_zarr``)
-SMALL_WRITE_BYTES = 8 * 2**20
-
-
 def _small(ds: xr.Dataset) -> str | None:
     """Why xarray writes ``ds`` itself (a note for the write's report), or None."""
     if any(is_dask_array(v._data) for v in ds.variables.values()):
         return None
     nbytes = sum(int(v.nbytes) for v in ds.variables.values())
-    if nbytes >= SMALL_WRITE_BYTES:
+    small = get_options().small_write_bytes
+    if nbytes >= small:
         return None
     return (
-        f"small: {nbytes / 2**20:.1f} MiB, less than the {SMALL_WRITE_BYTES / 2**20:.0f} MiB for "
+        f"small: {nbytes / 2**20:.1f} MiB, less than the {small / 2**20:.0f} MiB for "
         "which the engine's start pays"
     )
 
@@ -487,9 +472,7 @@ def tree_to_zarr(tree: xr.DataTree, store: Any, **kwargs: Any) -> Any:
 def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool, kwargs: dict) -> Any:
     """The engine's part of a write whose metadata xarray wrote: every node's chunks, then the
     dask variables xarray writes again."""
-    writer = _ChunkWriter(
-        root, _threads(), overwrite=kind != "new", write_empty=kwargs.get("write_empty_chunks")
-    )
+    writer = Write(root, overwrite=kind != "new", write_empty=kwargs.get("write_empty_chunks"))
     file(recorders, writer.report)
     tasks = []
     for node in nodes:
@@ -501,10 +484,11 @@ def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool,
             except Unsupported:
                 node.lazy.append(name)  # another codec chain: zarr-python encodes it, below
                 continue
+            target = Target(node.key(name), meta, recipe)
             if name in node.fast:
-                writer.write(node.key(name), data, meta, recipe, node.origins[name])
+                writer.write(target, data, node.origins[name])
             elif _aligned(data.chunks, chunk_shape(meta)):
-                tasks += _block_writes(writer, node.key(name), data, meta, recipe, node.origins[name])
+                tasks += _block_writes(writer, target, data, node.origins[name])
             else:
                 node.lazy.append(name)  # dask chunks across zarr chunks: xarray's checks and write
     import dask
@@ -540,50 +524,6 @@ def _write_chunks(root: Path, store: Any, nodes: list, kind: str, compute: bool,
     return _opened(root, kwargs)
 
 
-class _ChunkWriter:
-    """The engine's side of one ``to_zarr`` call: its encoders, its file threads, its report
-    (every array's and dask block's write counted in it)."""
-
-    def __init__(
-        self, root: Path, threads: int, overwrite: bool = False, write_empty: bool | None = None
-    ) -> None:
-        self.root = root
-        self.overwrite = overwrite
-        self.write_empty = write_empty  # to_zarr's write_empty_chunks
-        self.gpu, self.cpu = GPUEncoder(threads), CPUEncoder(threads)
-        self.shared = SharedEncoder(self.gpu, self.cpu)
-        self.pool = kept_pool("write", threads)
-        self.report = WriteReport()
-        self._lock = threading.Lock()
-
-    def write(
-        self, name: str, data: Any, meta: Any, recipe: Recipe, origin: tuple[int, ...] | None = None
-    ) -> None:
-        """Write the chunks ``data`` covers (from chunk ``origin`` on) from where it lies."""
-        xp = _xp(data)
-        chunk_bytes = int(np.prod(stream_shape(meta, recipe))) * data.dtype.itemsize
-        encoder = self.encoder_for(xp is not np, recipe, chunk_bytes, int(data.nbytes))
-        part = WriteReport(arrays=[name])  # its path in the store
-        where = self.root / name
-        write_array(
-            where, meta, recipe, data, xp, encoder, self.pool, part, origin, self.overwrite, self.write_empty
-        )
-        with self._lock:
-            self.report.add(part)
-
-    def encoder_for(self, on_gpu: bool, recipe: Recipe, chunk_bytes: int, nbytes: int) -> Any:
-        """Data on the host: CPU threads; on the GPU: nvCOMP and CPU threads sharing the
-        batches, nvCOMP alone, or CPU threads, the first that supports the chain (CPU threads
-        where the chain's share of them, ``encoders.CPU_SHARE``, is 1, and for a compressed
-        write of fewer than ``encoders.GPU_MIN_BYTES``, ``nbytes``: faster than one nvCOMP call)."""
-        small = recipe.compressed and nbytes < encoders.GPU_MIN_BYTES
-        if on_gpu and SharedEncoder.share(recipe) < 1 and not small:
-            for choice in (self.shared, self.gpu):
-                if choice.supports(recipe, chunk_bytes):
-                    return choice
-        return self.cpu
-
-
 def _threads_of_this_process() -> bool:
     """Whether dask runs tasks on threads of this process (its threaded or synchronous
     scheduler), where the engine's dask block writes run; under distributed or processes,
@@ -600,14 +540,12 @@ def _aligned(chunks: tuple[tuple[int, ...], ...], shape: tuple[int, ...]) -> boo
     return all(all(n % c == 0 for n in sizes[:-1]) for sizes, c in zip(chunks, shape))
 
 
-def _block_writes(
-    writer: _ChunkWriter, name: str, data: Any, meta: Any, recipe: Recipe, base: tuple[int, ...] | None
-) -> list:
+def _block_writes(writer: Write, target: Target, data: Any, base: tuple[int, ...] | None) -> list:
     """One dask task per block of ``data`` (which begins at chunk ``base`` of the array): its
     chunks written by the engine."""
     import dask
 
-    shape = chunk_shape(meta)
+    shape = chunk_shape(target.meta)
     base = base or (0,) * data.ndim
     starts = [np.concatenate([[0], np.cumsum(sizes)[:-1]]) for sizes in data.chunks]
     blocks = data.to_delayed(optimize_graph=False)  # inputs shared with other writes: computed once
@@ -615,7 +553,7 @@ def _block_writes(
     tasks = []
     for idx in np.ndindex(blocks.shape):
         origin = tuple(b + int(starts[d][i]) // shape[d] for d, (b, i) in enumerate(zip(base, idx)))
-        tasks.append(write(name, blocks[idx], meta, recipe, origin))
+        tasks.append(write(target, blocks[idx], origin))
     return tasks
 
 
@@ -637,17 +575,3 @@ def _meta(root: Path, path: str) -> Any:
     import zarr
 
     return zarr.open_array(store=str(root), path=path, mode="r").metadata
-
-
-def _xp(data: Any) -> Any:
-    if _on_gpu(data):
-        import cupy
-
-        return cupy
-    return np
-
-
-def _threads() -> int:
-    from ..options import get_options
-
-    return get_options().host_decode_threads()

@@ -22,6 +22,7 @@ import numpy as np
 from ..formats import blosc as blosc_format
 from ..formats.sharding import ShardLayout, sharding
 from ..formats.sharding import Unsupported as ReadUnsupported
+from ..options import Options
 from ..runtime.pools import kept_pool
 from .nvcomp import MAX_CHUNK_BYTES, batched_encoder
 
@@ -303,8 +304,9 @@ class GPUEncoder:
     #: rows of a batch start at multiples of this (nvCOMP's alignment)
     alignment = 256
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, options: Options) -> None:
         self.threads = max(1, threads)
+        self.options = options
 
     @staticmethod
     def algorithm(recipe: Recipe) -> str | None:
@@ -327,13 +329,11 @@ class GPUEncoder:
         return batched_encoder(algo) is not None
 
     def batch_chunks(self, chunk_bytes: int, stride: int, host_bytes: int, recipe: Recipe) -> int:
-        """Chunks per batch at most: enough frames for nvCOMP to fill the GPU
-        (:data:`GPU_BATCH_CHUNKS`), the batches held at once (:data:`IN_FLIGHT` queued, one
-        whose files are written) within a share of the free device memory (the
+        """Chunks per batch at most: enough frames for nvCOMP to fill the GPU (the
+        ``write_gpu_batch_chunks`` option), the batches held at once (``write_in_flight``
+        queued, one whose files are written) within a share of the free device memory (the
         ``memory_share`` option)."""
         import cupy
-
-        from ..options import get_options
 
         free, _ = cupy.cuda.runtime.memGetInfo()
         free += cupy.get_default_memory_pool().free_bytes()
@@ -345,8 +345,9 @@ class GPUEncoder:
         if algo is not None:
             enc = batched_encoder(algo)
             per_chunk += enc.slot(enc.max_output(chunk_bytes)) + -(-enc.temp_bytes(64, chunk_bytes) // 64)
-        fit = int(get_options().memory_share * free) // ((IN_FLIGHT + 1) * per_chunk)
-        return max(1, min(GPU_BATCH_CHUNKS, fit))
+        options = self.options
+        fit = int(options.memory_share * free) // ((options.write_in_flight + 1) * per_chunk)
+        return max(1, min(options.write_gpu_batch_chunks, fit))
 
     def start(self, recipe: Recipe, buf: Any, nbytes: int, empty: Any) -> Pending:
         """Queue the batch on the current stream: nvCOMP's call, the crc32c of each chunk's
@@ -412,7 +413,7 @@ class GPUEncoder:
                     _blosc_chunk(out, k * slot, int(sizes[k]), buf, k * row, nbytes, blosc) for k in range(n)
                 ]
                 return Encoded([c if keep[k] else None for k, c in enumerate(chunks)])
-            if not PACK_OUTPUT:  # the chunks stay in their slots until the batch's files are written
+            if not self.options.write_pack_output:  # the chunks stay in their slots till written
                 chunks = [
                     DeviceChunk(out, k * slot, int(sizes[k]), prefix) if keep[k] else None for k in range(n)
                 ]
@@ -527,21 +528,20 @@ def _crc_list(crcs: np.ndarray | None) -> list | None:
 
 class SharedEncoder:
     """A batch shared between nvCOMP and CPU threads: its last rows (a share of
-    :data:`CPU_SHARE` for the algorithm, between 0 and 1) copied out and compressed by numcodecs
-    on CPU threads while nvCOMP compresses the others. CPU threads write libzstd's frames: the
-    files read the same. (No algorithm's share is between 0 and 1 by default: on an H200 it
-    was no faster.)"""
+    :meth:`~cupy_xarray.options.Options.write_cpu_share` for the algorithm, between 0 and 1)
+    copied out and compressed by numcodecs on CPU threads while nvCOMP compresses the others.
+    CPU threads write libzstd's frames: the files read the same. (No algorithm's share is
+    between 0 and 1 by default: on an H200 it was no faster.)"""
 
     name = "gpu+cpu"
 
-    def __init__(self, gpu: GPUEncoder, cpu: CPUEncoder) -> None:
-        self.gpu, self.cpu = gpu, cpu
+    def __init__(self, gpu: Any, cpu: CPUEncoder, options: Options) -> None:
+        self.gpu, self.cpu, self.options = gpu, cpu, options
         self.alignment = gpu.alignment
 
-    @staticmethod
-    def share(recipe: Recipe) -> float:
+    def share(self, recipe: Recipe) -> float:
         """The share of a batch's chunks CPU threads compress."""
-        return CPU_SHARE.get(GPUEncoder.algorithm(recipe) or "", 0.0)
+        return self.options.write_cpu_share(GPUEncoder.algorithm(recipe) or "")
 
     def supports(self, recipe: Recipe, chunk_bytes: int = 0) -> bool:
         return 0 < self.share(recipe) < 1 and self.gpu.supports(recipe, chunk_bytes)
@@ -565,35 +565,6 @@ class SharedEncoder:
             return Encoded(first.chunks + rest.chunks, crcs)
 
         return Pending(both, gpu.device_bytes if gpu is not None else buf.nbytes)
-
-
-#: frames one nvCOMP call compresses at most. On an H200, 4 GiB of 4 MiB zstd tiles: nvCOMP
-#: alone takes 348 ms in one call, 415 in calls of 512, 501 in calls of 256; the whole write
-#: took 586 ms in batches of 256, 611 of 384, 692 of 512 (smaller batches overlap the files
-#: better), with 2.5x, 3.4x and 3.9x the data's bytes of device memory
-GPU_BATCH_CHUNKS = 256
-
-#: whether nvCOMP's output is packed into a buffer of its size before the files are written
-#: (the slots go at once, and later batches are queued while the files are written). On an
-#: H200, 4 GiB of 4 MiB zstd tiles, runs taken in turns: 565-600 ms packed, 571-612 not;
-#: peak device memory 2.6x the data against 3.7x
-PACK_OUTPUT = True
-
-#: batches queued on the GPU at once: the oldest's chunks go to the file threads once the
-#: newest is queued, so that nvCOMP's calls overlap each other's last, partly idle part (on
-#: an H200, 4 GiB of zstd tiles: three or four at once were no faster, with more memory)
-IN_FLIGHT = 2
-
-#: a write (an array, or a dask block) of fewer bytes is compressed by CPU threads: an nvCOMP
-#: zstd call takes about 80 ms whatever its size (one 1 MiB chunk: 82 ms on an H200, the whole
-#: write 119 ms against 21 ms for numcodecs), in which 16 CPU threads compress about 180 MB
-#: (a 4 GiB write with CPU threads compressing: 2.2 GB/s; with nvCOMP: 7.5 GB/s)
-GPU_MIN_BYTES = 256 * 2**20
-
-#: the share of a batch's chunks :class:`SharedEncoder` gives CPU threads, by nvCOMP algorithm
-#: (on an H200 with 16 cores, 4 MiB tiles: zstd wrote fastest without CPU threads, 0.1 as fast,
-#: 0.2 5 % slower; LZ4 on CPU threads alone twice as fast as nvCOMP, and 37 % smaller)
-CPU_SHARE = {"Zstd": 0.0, "LZ4": 1.0}
 
 
 def pinned_host(nbytes: int) -> np.ndarray:
