@@ -126,7 +126,7 @@ class KvikioBackendArray(BackendArray):
     def __getitem__(self, key: indexing.ExplicitIndexer) -> Any:
         if isinstance(key, indexing.VectorizedIndexer) and self._preloaded is None:
             # points: only the chunks they lie in are read (not the box of their indices)
-            return read_points(self.spec, key.tuple, self._read_requests)
+            return read_points(self.spec, key.tuple, self._read_requests, self.options.point_wave_bytes)
         return indexing.explicit_indexing_adapter(
             key, self.shape, indexing.IndexingSupport.OUTER, self._raw_getitem
         )

@@ -89,12 +89,14 @@ class Options:
     share_start: str = "decode"
     share_margin: float = 0.1
     route_explore: float = 0.0
+    force_route: str = "auto"
     kept_buffer_bytes: int = 64 * 2**20
     small_read_bytes: int = 64 * 2**20
     gather_read_bytes: int = 256 * 2**20
     gather_bytes: int = 2 * 2**30
     box_min_row: int = 512
     box_max_copies: int = 16
+    point_wave_bytes: int = 2**30
     # -- how a write (``.cupy.to_zarr``) is cut up (measured on an H200 host with 16 cores;
     # see the contributor guide) -------------------------------------------------------------
     small_write_bytes: int = 8 * 2**20
@@ -172,6 +174,10 @@ def _check(options: Options, source: str) -> Options:
         value = getattr(options, name)
         if value not in ("auto", "on", "off"):
             raise ValueError(f"{name} must be 'auto', 'on' or 'off', got {value!r} ({source})")
+    if options.force_route not in ("auto", "host", "batch", "share"):
+        raise ValueError(
+            f"force_route must be 'auto', 'host', 'batch' or 'share', got {options.force_route!r} ({source})"
+        )
     if options.share_start not in ("decode", "now"):
         raise ValueError(f"share_start must be 'decode' or 'now', got {options.share_start!r} ({source})")
     if options.decode not in DECODE_CHOICES:

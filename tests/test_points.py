@@ -11,7 +11,6 @@ import xarray as xr
 import zarr
 
 from cupy_xarray import record_reads
-from cupy_xarray.engine import points
 from cupy_xarray.errors import ChunkError
 
 SHAPE, CHUNKS = (12, 40, 30), (4, 16, 8)
@@ -129,8 +128,8 @@ def test_a_damaged_chunk_no_point_lies_in_is_not_read(stores, tmp_path, device):
         ours.v.isel(touching).load()
 
 
-def test_points_are_read_in_waves_within_their_bound(stores, device, monkeypatch):
-    monkeypatch.setattr(points, "WAVE_BYTES", 1)  # every chunk's box a wave of its own
+def test_points_are_read_in_waves_within_their_bound(stores, device, options):
+    options(point_wave_bytes=1)  # every chunk's box a wave of its own
     rng = np.random.default_rng(3)
     idx = {d: xr.DataArray(rng.integers(0, s, 40), dims="p") for d, s in zip("tyx", SHAPE)}
     ours = xr.open_dataset(stores["zstd"], engine="kvikio", device=device, consolidated=False)

@@ -168,19 +168,19 @@ def test_shared_reads_in_threads_and_of_many_arrays(tmp_path):
     assert not run_in_threads(work, 8)
 
 
-def test_the_dataset_read_under_a_shared_route_is_identical(tmp_path, monkeypatch):
-    """Through xarray: the engine's default scheduler made to share every chunk on the CPU
-    gives what engine='zarr' gives, encoding included."""
-    from cupy_xarray.engine import reader
-
+def test_the_dataset_read_under_a_shared_route_is_identical(tmp_path, options):
+    """Through xarray: every chunk shared on the CPU (the ``force_route`` setting, kept by the
+    lazily opened dataset) gives what engine='zarr' gives, encoding included."""
     ds = xr.Dataset(
         {"t": (("time", "y", "x"), np.random.default_rng(0).random((24, 64, 96), dtype="f4"))},
         coords={"time": np.arange(24)},
     )
     ds.to_zarr(tmp_path / "d.zarr", encoding={"t": {"chunks": (2, 32, 32)}}, zarr_format=3)
-    monkeypatch.setattr(reader, "_DEFAULT_SCHEDULER", Scheduler(force="share"))
+    options(force_route="share")
+    lazy = xr.open_dataset(tmp_path / "d.zarr", engine="kvikio", device="cpu")
+    options(force_route="auto")  # (the dataset reads with the settings it was opened with)
     with record_reads() as reports:
-        got = xr.open_dataset(tmp_path / "d.zarr", engine="kvikio", device="cpu").load()
+        got = lazy.load()
     want = xr.open_dataset(tmp_path / "d.zarr", engine="zarr").load()
     xr.testing.assert_identical(got, want)
     assert _same_encoding(got.t.encoding, want.t.encoding), (got.t.encoding, want.t.encoding)

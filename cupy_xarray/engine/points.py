@@ -17,17 +17,14 @@ import numpy as np
 from .plan import normalize_selection, output_shape
 from .spec import ArraySpec
 
-#: output bytes of the chunk boxes read at once (a wave); the points themselves are gathered
-#: out of each wave's boxes before the next is read
-WAVE_BYTES = 1 << 30
 
-
-def read_points(spec: ArraySpec, key: tuple, read) -> Any:
+def read_points(spec: ArraySpec, key: tuple, read, limit: int = 2**30) -> Any:
     """The vectorized selection ``key`` of ``spec``: integer arrays (broadcast together) and
     slices, one per dimension. The points' dimensions come first in the result, then the
     sliced ones in order (NumPy's rule for separated advanced indices, xarray's for
     vectorized indexers). ``read(requests)``: the engine's read of outer requests, returning
-    their outputs."""
+    their outputs. The chunk boxes are read in waves of about ``limit`` output bytes (the
+    ``point_wave_bytes`` setting); each wave's points are gathered before the next is read."""
     shape, chunks = spec.shape, spec.chunks
     key = tuple(key) + (slice(None),) * (len(shape) - len(key))
     adv = [d for d, k in enumerate(key) if not isinstance(k, slice)]
@@ -73,7 +70,7 @@ def read_points(spec: ArraySpec, key: tuple, read) -> Any:
         request = tuple(next(it) if d in arrays else norm[d] for d in range(len(shape)))
         wave.append((request, ids, where))
         wave_bytes += int(np.prod([s.stop - s.start for s in sel])) * row
-        if wave_bytes >= WAVE_BYTES:
+        if wave_bytes >= limit:
             result = _gather(spec, wave, read, adv, npoints, lengths, result)
             wave, wave_bytes = [], 0
     if wave:

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -41,6 +42,13 @@ from .waves import execute_waves, wave_bytes
 log = logging.getLogger("cupy_xarray")
 
 _DEFAULT_SCHEDULER = Scheduler()  # stateless: shares what both processors may decode
+
+
+@functools.cache
+def _scheduler(route: str) -> Scheduler:
+    """The process's scheduler, or one that sends every chunk one way (the ``force_route``
+    setting: ``"host"``, ``"batch"`` or ``"share"``)."""
+    return _DEFAULT_SCHEDULER if route == "auto" else Scheduler(force=route)
 
 
 def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | None = None) -> str:
@@ -220,7 +228,7 @@ def read_arrays(
     choice = decode_choice(decode)
     size = batch_bytes if batch_bytes is not None else options.batch_bytes
     show = progress or options.progress
-    sched = scheduler or _DEFAULT_SCHEDULER
+    sched = scheduler or _scheduler(options.force_route)
     nbytes = _output_bytes(normalized)
     if _gathers(device, nbytes, show, options):
 
