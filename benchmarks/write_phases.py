@@ -156,7 +156,7 @@ def main() -> None:
     def files_alone(threads):
         def run():
             with cf.ThreadPoolExecutor(threads) as pool:
-                files = chunks._Files(root / "files", pool, crc32c=False)
+                files = chunks.ChunkFiles(root / "files", pool, crc32c=False)
                 for i, m in enumerate(sizes.tolist()):
                     files.put(f"c/{i // 16}/{i // 4 % 4}/{i % 4}", blob[:m])
                 files.wait()
@@ -174,7 +174,7 @@ def main() -> None:
     def device_files(threads):
         def run():
             with cf.ThreadPoolExecutor(threads) as pool:
-                files = chunks._Files(root / "files", pool, crc32c=False)
+                files = chunks.ChunkFiles(root / "files", pool, crc32c=False)
                 for i in range(n):
                     files.put(f"c/{i // 16}/{i // 4 % 4}/{i % 4}", from_device[i % per])
                 files.wait()
@@ -349,7 +349,7 @@ def _trace(ds, target, encoding, chunks, encoders) -> None:
 
     marks: list[tuple] = []
     start, finish = encoders.GPUEncoder.start, chunks._finish
-    put, to_host = chunks._Files._put, encoders.DeviceChunk.to_host
+    put, to_host = chunks.ChunkFiles._put, encoders.DeviceChunk.to_host
     write_all, rename = chunks._write_all, chunks._rename
     t0 = [0.0]
     spent: dict[str, list[float]] = {}
@@ -378,7 +378,7 @@ def _trace(ds, target, encoding, chunks, encoders) -> None:
         marks.append(("handed", len(batch), time.perf_counter() - t0[0], t))
 
     encoders.GPUEncoder.start, chunks._finish = timed_start, timed_finish
-    chunks._Files._put = clocked("file (all of it)", put)
+    chunks.ChunkFiles._put = clocked("file (all of it)", put)
     encoders.DeviceChunk.to_host = clocked("copy to pinned host memory", to_host)
     chunks._write_all = clocked("os.write", write_all)
     chunks._rename = clocked("rename", rename)
@@ -393,7 +393,7 @@ def _trace(ds, target, encoding, chunks, encoders) -> None:
             total = time.perf_counter() - t0[0]
     finally:
         encoders.GPUEncoder.start, chunks._finish = start, finish
-        chunks._Files._put, encoders.DeviceChunk.to_host = put, to_host
+        chunks.ChunkFiles._put, encoders.DeviceChunk.to_host = put, to_host
         chunks._write_all, chunks._rename = write_all, rename
     print(f"  trace of one write ({total * 1e3:.0f} ms), ms from its start:")
     for m in marks:

@@ -271,7 +271,7 @@ def test_compressor_that_lies(tmp_path):
 def test_the_host_check_of_one_chunk_finds_what_the_layout_finds():
     """``check_one`` (plain Python, for CPU threads) raises exactly what ``layout`` raises, or
     nothing where it raises nothing, on valid and damaged chunks of every kind."""
-    from cupy_xarray.formats.blosc import BloscLayoutError, _check_vectorized, check_one
+    from cupy_xarray.formats.blosc import BloscLayoutError, check_one, check_vectorized
 
     rng = np.random.default_rng(11)
     kinds = [
@@ -303,7 +303,7 @@ def test_the_host_check_of_one_chunk_finds_what_the_layout_finds():
         expected = data.nbytes
         cname = kind["cname"] if kind["cname"] != "lz4hc" else "lz4"
         found = []
-        for check in (check_one, _check_vectorized):
+        for check in (check_one, check_vectorized):
             try:
                 check(src, expected, cname)
                 found.append(None)

@@ -1216,11 +1216,11 @@ def test_batches_wait_for_files_only_past_their_memory_budget(tmp_path):
     import concurrent.futures as cf
     import threading
 
-    from cupy_xarray.write.chunks import _Files
+    from cupy_xarray.write.chunks import ChunkFiles
 
     gates = [threading.Event() for _ in range(3)]
     with cf.ThreadPoolExecutor(4) as pool:
-        files = _Files(tmp_path, pool, crc32c=False)
+        files = ChunkFiles(tmp_path, pool, crc32c=False)
         for k in range(2):  # two batches of 40 bytes each, their files held until their gate opens
             files.wait_within(100, 40)
             files.begin(40)

@@ -294,7 +294,7 @@ def check_one(src: np.ndarray, expected: int, cname: str) -> None:
     splittable = not memcpyed and nbytes > 0 and blocksize > 0
     blocks = -(-nbytes // blocksize) if splittable else 0
     if blocks * max(typesize, 1) > _WALK_STREAMS:
-        _check_vectorized(src, expected, cname)
+        check_vectorized(src, expected, cname)
         return
     fmt = flags >> 5
     problem = None
@@ -321,7 +321,7 @@ def check_one(src: np.ndarray, expected: int, cname: str) -> None:
         return
     starts = struct.unpack_from(f"<{blocks}I", data, 16) if 16 + 4 * blocks <= n else None
     if starts is None:  # the block starts themselves run past the chunk: as layout reads them
-        _check_vectorized(src, expected, cname)
+        check_vectorized(src, expected, cname)
         return
     plan = []
     for j, bstart in enumerate(starts):
@@ -350,7 +350,10 @@ def check_one(src: np.ndarray, expected: int, cname: str) -> None:
             block[1] = pos + 4 + c
 
 
-def _check_vectorized(src: np.ndarray, expected: int, cname: str) -> None:
+def check_vectorized(src: np.ndarray, expected: int, cname: str) -> None:
+    """The checks of :func:`check_one` for one chunk, by :func:`layout`'s vectorized walk (for
+    chunks of many blocks and streams); raises :class:`BloscLayoutError`."""
+
     def read_u32(positions: np.ndarray) -> np.ndarray:
         return le32(src[np.minimum(positions[:, None] + np.arange(4)[None, :], max(len(src) - 1, 0))])
 

@@ -167,7 +167,7 @@ def _stored_order(xp: Any, rows: Any, shape: tuple[int, ...], native: np.dtype, 
 _rename = os.replace
 
 
-class _Files:
+class ChunkFiles:
     """Chunk files written by threads, each under a temporary name renamed into place."""
 
     def __init__(self, root: Path, pool: cf.Executor, crc32c: bool, overwrite: bool = False) -> None:
@@ -337,7 +337,7 @@ def write_array(
     depth = max(1, options.write_in_flight)
     streams = _streams(xp, depth)
     report.encoder = encoder.name
-    files = _Files(directory, write.pool, recipe.crc32c, write.overwrite)
+    files = ChunkFiles(directory, write.pool, recipe.crc32c, write.overwrite)
     t0 = time.perf_counter()
     queued: list[tuple[list, Pending]] = []  # oldest first
     budget = 0  # device memory for the files being written: the most a batch held while queued
@@ -418,7 +418,7 @@ def _finish(
     meta: Any,
     origin: tuple,
     nbytes: int,
-    files: _Files,
+    files: ChunkFiles,
     report: WriteReport,
     shard: ShardRecipe | None = None,
     budget: int = 0,
