@@ -19,10 +19,10 @@ def main() -> None:
     from read_throughput import smooth_field
 
     from cupy_xarray import record_reads, set_options
-    from cupy_xarray.backend import KvikioBackendArray
-    from cupy_xarray.cf import find_backend_array
     from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import describe, read_arrays
+    from cupy_xarray.xarray.backend import KvikioBackendArray
+    from cupy_xarray.xarray.cf import find_backend_array
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/cupy-xarray-prof")

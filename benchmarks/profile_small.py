@@ -140,10 +140,10 @@ def threaded_chunks(path: str, threads: int, per_thread: int = 64) -> None:
     from read_throughput import in_threads
 
     from cupy_xarray import set_options
-    from cupy_xarray.backend import KvikioBackendArray
-    from cupy_xarray.cf import find_backend_array
     from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import host, read_arrays, reader
+    from cupy_xarray.xarray.backend import KvikioBackendArray
+    from cupy_xarray.xarray.cf import find_backend_array
 
     ds = xr.open_dataset(path, engine="kvikio")
     spec = find_backend_array(ds["field"].variable._data, KvikioBackendArray).spec

@@ -191,7 +191,7 @@ def dask_reads(root: Path, args) -> dict:
     path = store(root, "zstd tiles", args.size_gib)
     out = {}
     runs = [("chunks={}", {}, {}), ("chunks='auto'", "auto", {})]
-    if hasattr(Options, "read_ahead"):  # the same with read-ahead (:mod:`cupy_xarray.readahead`)
+    if hasattr(Options, "read_ahead"):  # the same with read-ahead (:mod:`cupy_xarray.xarray.readahead`)
         ahead = {"read_ahead": "auto"}
         runs += [("chunks={} read ahead", {}, ahead), ("chunks='auto' read ahead", "auto", ahead)]
     for label, chunks, settings in runs:

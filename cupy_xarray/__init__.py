@@ -4,16 +4,13 @@ Importing the package registers the ``.cupy`` accessor on DataArray, Dataset and
 ``engine="kvikio"`` backend is registered through the package's entry point.
 """
 
-from . import (
-    accessors,  # noqa: F401  (registers .cupy)
-    chunked,
-)
 from .device import gpu_available
 from .engine.read import ReadReport, record_reads
-from .loader import read_datatree_gds, read_zarr_gds
 from .options import Options, get_options, set_options
 from .warmup import warm_up
 from .write import WriteReport, record_writes
+from .xarray import accessors, chunked  # noqa: F401  (accessors registers .cupy)
+from .xarray.loader import read_datatree_gds, read_zarr_gds
 
 chunked.install()  # dask chunks of engine arrays keep the device's meta
 

@@ -304,7 +304,7 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         Where an array's boxes (dask chunks) are asked for in order, read the next ones with
         the box asked for, in one read whose window doubles with each box asked for in order,
         up to ``read_ahead_bytes`` (default 1 GiB; on a GPU, within ``memory_share`` of its free
-        memory); the tasks that ask next take their box from it (:mod:`~cupy_xarray.readahead`).
+        memory); the tasks that ask next take their box from it (:mod:`~cupy_xarray.xarray.readahead`).
         ``"auto"``: on GPU reads; ``"on"``: CPU reads too; ``"off"`` (the default): never
         (``CUPY_XARRAY_READ_AHEAD``). A box not asked for within ``read_ahead_linger`` seconds
         (default 2) is dropped.

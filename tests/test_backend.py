@@ -12,9 +12,9 @@ import zarr
 from conftest import HAS_GPU, expected_type, host, module_of, run_in_threads
 
 import cupy_xarray  # noqa: F401
-from cupy_xarray.backend import KvikioBackendArray
-from cupy_xarray.cf import find_backend_array
 from cupy_xarray.errors import ChunkError, StoreError
+from cupy_xarray.xarray.backend import KvikioBackendArray
+from cupy_xarray.xarray.cf import find_backend_array
 
 
 def make_ds(seed: int = 0) -> xr.Dataset:

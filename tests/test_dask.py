@@ -11,7 +11,7 @@ import xarray as xr
 from conftest import expected_type, host, module_of
 
 import cupy_xarray
-from cupy_xarray.chunked import EngineChunkSource
+from cupy_xarray.xarray.chunked import EngineChunkSource
 
 da = pytest.importorskip("dask.array")
 
@@ -250,7 +250,7 @@ def test_blocks_of_untransformed_arrays_are_read_by_the_engine_directly(store, r
     """A block of an array xarray neither decodes nor selects goes straight to the engine;
     a CF-packed one, and one selected before chunking, go through xarray's wrappers. Each
     gets engine="zarr"'s values."""
-    from cupy_xarray.backend import KvikioBackendArray
+    from cupy_xarray.xarray.backend import KvikioBackendArray
 
     direct = []
     real = KvikioBackendArray.read

@@ -31,7 +31,8 @@ NOTEBOOKS = sorted((ROOT / "examples").glob("*.ipynb"))
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 #: the package's private modules and names a user never calls
 PRIVATE = re.compile(
-    r"cupy_xarray[./](engine|cf|device|loader|chunked|containment|backend(?!\.KvikioBackendEntrypoint))\b"
+    r"cupy_xarray[./](xarray[./])?(engine|cf|device|loader|chunked|containment"
+    r"|backend(?!\.KvikioBackendEntrypoint))\b"
     r"|\bengine/\w+\.py|\bdecoders\.registry\b|\b(read_arrays|StreamDecoder|Boxes|find_backend_array"
     r"|resolve_device|array_spec|_in_memory)\b"
 )
@@ -84,7 +85,9 @@ def test_the_patterns_catch_what_they_are_for():
     assert COMMIT.search("measured at 1274e57 on an H200")
     assert not COMMIT.search("4 GiB of float32 in 1024 tiles, deadline")
     assert PRIVATE.search("see `engine/schedule.py`") and PRIVATE.search("cupy_xarray.engine.read_arrays")
-    assert not PRIVATE.search("cupy_xarray.backend.KvikioBackendEntrypoint and cupy_xarray.errors.ChunkError")
+    assert not PRIVATE.search(
+        "cupy_xarray.xarray.backend.KvikioBackendEntrypoint and cupy_xarray.errors.ChunkError"
+    )
     assert PROCESS.search("an A/B run") and LINK.search("[docs](https://example.org/x)")
 
 

@@ -28,7 +28,7 @@ def _imports():
 
 def test_the_walk_sees_the_imports():
     found = {(m, t) for m, t, _ in _imports()}
-    assert ("cupy_xarray.backend", "cupy_xarray.opening") in found
+    assert ("cupy_xarray.xarray.backend", "cupy_xarray.xarray.opening") in found
     assert ("cupy_xarray.engine.reader", "cupy_xarray.engine.schedule") in found
 
 

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from xarray.core import indexing
 
-from cupy_xarray.backend import KvikioBackendArray
 from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, describe, read_arrays
+from cupy_xarray.xarray.backend import KvikioBackendArray
 
 EXAMPLES = int(os.environ.get("CUPY_XARRAY_EXAMPLES", "60"))
 DTYPES = ["i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "bool", "c8", "c16", "M8[s]"]

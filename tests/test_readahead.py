@@ -1,4 +1,4 @@
-"""Read-ahead of dask tasks' boxes (:mod:`cupy_xarray.readahead`): the window, its order, what
+"""Read-ahead of dask tasks' boxes (:mod:`cupy_xarray.xarray.readahead`): the window, its order, what
 is never read twice or kept, failures, and dask reads through it equal to zarr-python's."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from conftest import host
 import cupy_xarray
 from cupy_xarray import record_reads
 from cupy_xarray.errors import ChunkError
-from cupy_xarray.readahead import ReadAhead
+from cupy_xarray.xarray.readahead import ReadAhead
 
 SHAPE, BOX = (64, 64, 64), (4, 32, 32)  # a grid of 16 x 2 x 2 boxes
 

@@ -867,7 +867,7 @@ def test_missing_credentials_say_so(s3, monkeypatch, tmp_path, options):
 def test_a_protocol_without_its_file_system_names_the_package():
     import importlib.util
 
-    from cupy_xarray.opening import install_hint
+    from cupy_xarray.xarray.opening import install_hint
 
     if importlib.util.find_spec("gcsfs") is None:
         with pytest.raises(

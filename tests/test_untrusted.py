@@ -330,8 +330,8 @@ def test_every_store_form_keeps_reads_inside_the_root(tmp_path, device, form, re
 
 def test_read_zarr_gds_chunked_keeps_its_options(tmp_path, device):
     """read_zarr_gds(chunks=...) keeps allow_external_links and batch_bytes, refuses progress."""
-    from cupy_xarray.backend import KvikioBackendArray
-    from cupy_xarray.cf import find_backend_array
+    from cupy_xarray.xarray.backend import KvikioBackendArray
+    from cupy_xarray.xarray.cf import find_backend_array
 
     store = tmp_path / "s.zarr"
     _write(store)

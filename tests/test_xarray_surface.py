@@ -16,8 +16,8 @@ import zarr
 from conftest import HAS_GPU, expected_type, host, module_of
 
 import cupy_xarray
-from cupy_xarray.backend import KvikioBackendEntrypoint
 from cupy_xarray.errors import NoGPUError, StoreError
+from cupy_xarray.xarray.backend import KvikioBackendEntrypoint
 
 
 def _ds(seed=0, start="2020-01-01"):
@@ -198,7 +198,7 @@ def test_no_gpu_error_catches_a_missing_package():
 def test_every_keyword_of_the_zarr_engine_is_accepted():
     from xarray.backends.zarr import ZarrBackendEntrypoint
 
-    from cupy_xarray.backend import KEYWORDS
+    from cupy_xarray.xarray.backend import KEYWORDS
 
     theirs = set(inspect.signature(ZarrBackendEntrypoint.open_dataset).parameters) - {"self"}
     ours = set(KvikioBackendEntrypoint.open_dataset_parameters)

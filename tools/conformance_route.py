@@ -56,7 +56,7 @@ def _from_cupy_xarray() -> bool:
 def _route_reads() -> None:
     from xarray.backends import plugins
 
-    from cupy_xarray.backend import KvikioBackendEntrypoint
+    from cupy_xarray.xarray.backend import KvikioBackendEntrypoint
 
     class Routed(KvikioBackendEntrypoint):
         """``engine="kvikio"`` on the route's device, standing in for ``engine="zarr"``."""

@@ -266,8 +266,8 @@ def _read_from(data: Any) -> set[Path]:
         return found
     from xarray.backends.zarr import ZarrArrayWrapper
 
-    from ..backend import KvikioBackendArray
-    from ..cf import find_backend_array
+    from ..xarray.backend import KvikioBackendArray
+    from ..xarray.cf import find_backend_array
 
     lazy = find_backend_array(data, KvikioBackendArray)
     if lazy is not None:

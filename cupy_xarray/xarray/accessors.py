@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from .device import CONVERT_HINT, host_copy, is_cupy_array, is_dask_array, require_gpu
+from ..device import CONVERT_HINT, host_copy, is_cupy_array, is_dask_array, require_gpu
 
 
 def _is_dask(data: Any) -> bool:
@@ -112,7 +112,7 @@ class CupyDataArrayAccessor:
         """
         from xarray.backends.api import DATAARRAY_NAME, DATAARRAY_VARIABLE
 
-        from .write import to_zarr
+        from ..write import to_zarr
 
         kwargs = _by_name(xr.DataArray.to_zarr, args, kwargs)
         da = self._da
@@ -178,7 +178,7 @@ class CupyDatasetAccessor:
         >>> ds = xr.open_dataset("in.zarr", engine="kvikio").load()  # doctest: +SKIP
         >>> (ds * 2).cupy.to_zarr("out.zarr", mode="w")  # doctest: +SKIP
         """
-        from .write import to_zarr
+        from ..write import to_zarr
 
         return to_zarr(self._ds, store, **_by_name(xr.Dataset.to_zarr, args, kwargs))
 
@@ -242,7 +242,7 @@ class CupyDataTreeAccessor:
         """Write this DataTree to a Zarr store, as :meth:`xarray.DataTree.to_zarr` does, from GPU
         data too: xarray writes every group's metadata, the engine the chunks of each group's
         variables as it writes a Dataset's (see :meth:`CupyDatasetAccessor.to_zarr`)."""
-        from .write.dataset import tree_to_zarr
+        from ..write.dataset import tree_to_zarr
 
         return tree_to_zarr(self._tree, store, **_by_name(xr.DataTree.to_zarr, args, kwargs))
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import xarray as xr
 
+from ..device import resolve_device
+from ..engine import read_arrays
+from ..errors import StoreError
 from .backend import KvikioBackendArray
 from .cf import find_backend_array
-from .device import resolve_device
-from .engine import read_arrays
-from .errors import StoreError
 
 _PROGRESS_BYTES = 2**30
 #: xarray's own open_dataset keywords a read may pass on, beside the engine's table

@@ -16,7 +16,7 @@ import numpy as np
 from xarray.coding import variables as _vars
 from xarray.core import indexing
 
-from .device import array_namespace, is_cupy_array
+from ..device import array_namespace, is_cupy_array
 
 try:
     from xarray.coding.common import _ElementwiseFunctionArray

@@ -54,7 +54,7 @@ def _undecoded_backend(adapter: Any) -> Any:
 
 def empty_meta(device: Any, ndim: int, dtype: np.dtype) -> Any:
     """A 0-size array of ``device``'s array type (what dask keeps as ``_meta``)."""
-    from .device import empty_on
+    from ..device import empty_on
 
     return empty_on(device, (0,) * ndim, dtype)
 
@@ -131,7 +131,7 @@ def install() -> None:
 
 
 def _is_cupy_dask(x: Any) -> bool:
-    from .device import is_cupy_array
+    from ..device import is_cupy_array
 
     return hasattr(x, "__dask_graph__") and is_cupy_array(getattr(x, "_meta", None))
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from xarray.backends.zarr import ZarrStore
 
-from .errors import StoreError, StoreNotFoundError
-from .options import get_options
+from ..errors import StoreError, StoreNotFoundError
+from ..options import get_options
 
 
 def is_local_store_object(obj: Any) -> bool:
@@ -227,7 +227,7 @@ def patient_storage_options(url: str, storage_options: dict | None) -> dict | No
 
 
 def _transient_chain(exc: BaseException) -> bool:
-    from .engine.remote import transient
+    from ..engine.remote import transient
 
     seen = 0
     while exc is not None and seen < 8:

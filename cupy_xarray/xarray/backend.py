@@ -20,14 +20,16 @@ from xarray.backends.zarr import ZarrStore
 from xarray.core import indexing
 from xarray.core.variable import Variable
 
+from ..containment import Containment
+from ..device import Device, PrototypeDevice, import_cupy, resolve_device, start_gpu
+from ..engine import array_spec, read_arrays
+from ..engine.decoders import decode_choice
+from ..engine.plan import normalize_selection
+from ..engine.points import read_points
+from ..errors import StoreError, StoreNotFoundError
+from ..options import Options, carried, get_options, using
+from ..warmup import warm_engine
 from .cf import device_agnostic, find_backend_array
-from .containment import Containment
-from .device import Device, PrototypeDevice, import_cupy, resolve_device, start_gpu
-from .engine import array_spec, read_arrays
-from .engine.decoders import decode_choice
-from .engine.plan import normalize_selection
-from .engine.points import read_points
-from .errors import StoreError, StoreNotFoundError
 from .opening import (
     is_local_store_object,
     local_store_path,
@@ -35,9 +37,7 @@ from .opening import (
     open_retrying,
     patient_storage_options,
 )
-from .options import Options, carried, get_options, using
 from .readahead import ReadAhead
-from .warmup import warm_engine
 
 
 @dataclass(frozen=True)
