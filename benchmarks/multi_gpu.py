@@ -32,7 +32,8 @@ def _trace_reads() -> None:
     import threading
     import time as _time
 
-    from cupy_xarray import backend, record_reads
+    from cupy_xarray import record_reads
+    from cupy_xarray.xarray import backend
 
     if getattr(backend, "_traced", None) is not None:
         backend._traced.clear()
@@ -52,7 +53,7 @@ def _trace_reads() -> None:
 
 
 def _traced_reads() -> list:
-    from cupy_xarray import backend
+    from cupy_xarray.xarray import backend
 
     return list(getattr(backend, "_traced", []))
 

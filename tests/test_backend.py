@@ -248,7 +248,7 @@ def test_read_zarr_gds(store, device):
 
 
 def test_read_zarr_gds_reads_all_variables_in_one_engine_call(tmp_path, monkeypatch):
-    from cupy_xarray import loader
+    from cupy_xarray.xarray import loader
 
     make_ds().to_zarr(tmp_path / "ds.zarr")
     calls = []

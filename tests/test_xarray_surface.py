@@ -137,7 +137,7 @@ def test_datatree_takes_every_option_of_open_dataset(tmp_path):
 
 
 def test_read_datatree_gds_reads_in_one_engine_call(tmp_path, monkeypatch):
-    from cupy_xarray import loader
+    from cupy_xarray.xarray import loader
 
     store = tmp_path / "t.zarr"
     _tree().to_zarr(store)
