@@ -5,7 +5,8 @@
 # CUPY_XARRAY_SHARE_START=now), at 1 GiB (QUICK_GIB) and, where RECORD_GIB is set, at that size.
 # Usage on the GPU machine:  OUT=/some/dir BASE=/path/to/old/package/parent bash tools/gpu_routes.sh
 # (TESTS= the test files to run with -m gpu; VARIANTS= the engines compared, each maybe with
-# engine settings after "@", e.g. "base new new@read_ahead=on")
+# engine settings after "@", e.g. "base new new@read_ahead=on"; BASE_SITE= a folder where the
+# base's own wheel is installed, where its entry point differs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 R=$PWD
@@ -25,7 +26,8 @@ bench() {  # name[@setting=value,...], size, extra args
   local p=$R start=decode engine sets=() f=${v//[@=,]/_}
   engine=${v%%@*}
   [ "$v" != "$engine" ] && for kv in $(tr , ' ' <<< "${v#*@}"); do sets+=(--set "$kv"); done
-  [ "$engine" = base ] && p=${BASE:-$R/.base}
+  # (BASE_SITE: the base's own install first, its entry point among them)
+  [ "$engine" = base ] && p=${BASE:-$R/.base}${BASE_SITE:+:$BASE_SITE}
   [ "$engine" = now ] && start=now
   PYTHONPATH=$p:${SITE:-/tmp/site} CUPY_XARRAY_SHARE_START=$start timeout "${BENCH_S:-200}" \
     python3 route_table.py --dir /tmp/routes --size-gib "$size" --json "$OUT/$f-$size.json" "${sets[@]}" "$@" \
