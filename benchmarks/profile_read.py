@@ -19,8 +19,8 @@ def main() -> None:
     from read_throughput import smooth_field
 
     from cupy_xarray import record_reads, set_options
-    from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import describe, read_arrays
+    from cupy_xarray.engine.devices import resolve_device
     from cupy_xarray.xarray.backend import KvikioBackendArray
     from cupy_xarray.xarray.cf import find_backend_array
 
@@ -163,8 +163,8 @@ def _concurrent(spec, parts: int, nbytes: int, label: str) -> None:
     from read_throughput import in_threads
 
     from cupy_xarray import set_options
-    from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import read_arrays
+    from cupy_xarray.engine.devices import resolve_device
 
     set_options(profile=False)  # free-running from here on, in this thread
     n = spec.shape[0]

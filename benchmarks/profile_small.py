@@ -140,8 +140,8 @@ def threaded_chunks(path: str, threads: int, per_thread: int = 64) -> None:
     from read_throughput import in_threads
 
     from cupy_xarray import set_options
-    from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import host, read_arrays, reader
+    from cupy_xarray.engine.devices import resolve_device
     from cupy_xarray.xarray.backend import KvikioBackendArray
     from cupy_xarray.xarray.cf import find_backend_array
 

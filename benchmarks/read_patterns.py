@@ -220,8 +220,8 @@ def eager_paths(path: Path, threads: int, has_lz4: bool) -> dict:
     import xarray as xr
     import zarr
 
-    from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.devices import resolve_device
 
     def engine(decode):
         return lambda: xr.open_dataset(path, engine="kvikio", threads=threads, decode=decode)["field"].data

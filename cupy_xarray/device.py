@@ -1,10 +1,11 @@
 """The one place that knows "gpu", "cpu" or a zarr ``BufferPrototype``.
 
 A :class:`Device` bundles what the read engine needs from a place where arrays live:
-the array module (``numpy`` or ``cupy``), allocation, a byte-range reader
-(:mod:`cupy_xarray.engine.io`) and a batch decoder (:mod:`cupy_xarray.engine.decoders.batch`).
-The engine and the xarray adapters only ever talk to a Device, so the same
-orchestration runs in CI on the CPU and on the GPU.
+the array module (``numpy`` or ``cupy``), allocation, a byte-range reader and a batch
+decoder. The engine builds its devices (:mod:`cupy_xarray.engine.devices`: its I/O and
+decoders); the engine and the xarray adapters only ever talk to a Device, so the same
+orchestration runs in CI on the CPU and on the GPU. This module imports nothing of the
+engine.
 """
 
 from __future__ import annotations
@@ -216,54 +217,6 @@ def host_available_bytes() -> int | None:
     except OSError:
         pass
     return None
-
-
-def cpu_device(threads: int | None = None) -> Device:
-    from .engine.decoders.batch import CPUCodecs
-    from .engine.io import PosixIO
-
-    return Device("cpu", np, PosixIO(), CPUCodecs(), threads or default_threads())
-
-
-def gpu_device(threads: int | None = None) -> Device:
-    cupy = require_gpu()
-    from .engine.decoders.batch import GPUCodecs
-    from .engine.io import KvikioIO
-
-    return Device("gpu", cupy, KvikioIO(), GPUCodecs(), threads or default_threads())
-
-
-@functools.lru_cache(maxsize=16)
-def _named_device(name: str, threads: int) -> Device:
-    return gpu_device(threads) if name == "gpu" else cpu_device(threads)
-
-
-def resolve_device(device: Any = "gpu", threads: int | None = None) -> Device | PrototypeDevice:
-    """Turn the user's ``device=`` argument into a Device.
-
-    Parameters
-    ----------
-    device
-        ``"gpu"`` (default; also ``"cuda"``; the CPU where the ``device`` setting,
-        ``CUPY_XARRAY_DEVICE``, is ``"cpu"``), ``"cpu"``, a zarr ``BufferPrototype``, or a
-        Device already resolved.
-    threads
-        I/O threads; default :func:`default_threads`.
-    """
-    if isinstance(device, Device | PrototypeDevice):
-        return device
-    if isinstance(device, str):
-        key = {"cuda": "gpu"}.get(device.lower(), device.lower())
-        if key == "gpu" and get_options().device == "cpu":  # code for a GPU, run on the CPU
-            key = "cpu"
-        if key in ("gpu", "cpu"):
-            return _named_device(key, threads or default_threads())
-        raise ValueError(f"device must be 'gpu', 'cpu' or a zarr BufferPrototype, got {device!r}")
-    from zarr.core.buffer import BufferPrototype
-
-    if isinstance(device, BufferPrototype):
-        return PrototypeDevice(device)
-    raise TypeError(f"device must be 'gpu', 'cpu' or a zarr BufferPrototype, got {type(device).__name__}")
 
 
 def buffer_prototype(device: Device | PrototypeDevice):

@@ -37,8 +37,9 @@ def warm_up(client: Any = None, device: str = "gpu", measure: bool = False) -> d
 
 
 def _warm_up_here(device: str, measure: bool = False) -> dict:
-    from .device import gpu_available, resolve_device
+    from .device import gpu_available
     from .engine import host, reader  # noqa: F401 - the engine's imports, once
+    from .engine.devices import resolve_device
 
     name = "gpu" if device == "gpu" and gpu_available() else "cpu"
     dev = resolve_device(name)

@@ -193,7 +193,7 @@ class Runner:
     """Stores built once per layout, read by zarr-python and by the engine on ``device``."""
 
     def __init__(self, root: str, device: str, scheduler=None) -> None:
-        from cupy_xarray.device import resolve_device
+        from cupy_xarray.engine.devices import resolve_device
 
         self.root = root
         self.device = resolve_device(device)

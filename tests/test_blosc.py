@@ -8,9 +8,9 @@ import pytest
 import zarr
 from conftest import expected_type, host, module_of
 
-from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, describe, read_arrays
 from cupy_xarray.engine.decoders import blosc as eb
+from cupy_xarray.engine.devices import resolve_device
 from cupy_xarray.errors import ChunkError
 from cupy_xarray.formats import blosc as fb
 

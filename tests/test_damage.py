@@ -106,8 +106,8 @@ def _one_chunk_store(path, fmt, compressor, data):
 
 
 def _read(path, device, choice=None):
-    from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.devices import resolve_device
 
     spec = array_spec(zarr.open_array(str(path), mode="r"), name="a")
     return read_arrays([(spec, (slice(None),) * len(spec.shape))], resolve_device(device), decode=choice)[0]
@@ -617,8 +617,8 @@ def test_every_decode_choice_reads_the_same(tmp_path, layout):
 
 
 def _read_choice(path, choice):
-    from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.devices import resolve_device
 
     spec = array_spec(zarr.open_array(str(path), mode="r"), name="a")
     return read_arrays([(spec, (slice(None), slice(None)))], resolve_device("gpu"), decode=choice)[0]
@@ -699,8 +699,8 @@ def test_chunks_of_several_frames_or_members_read_as_zarr_reads_them(tmp_path, d
 
     from numcodecs import zstd as nz
 
-    from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.devices import resolve_device
     from cupy_xarray.engine.schedule import Scheduler
 
     comp = [zarr.codecs.ZstdCodec()] if kind == "zstd" else [zarr.codecs.GzipCodec()]

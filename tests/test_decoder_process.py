@@ -16,9 +16,9 @@ import zarr
 from conftest import host
 
 from cupy_xarray import record_reads
-from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import Scheduler, array_spec, read_arrays
 from cupy_xarray.engine.decoders.base import DecodeFailure
+from cupy_xarray.engine.devices import resolve_device
 from cupy_xarray.engine.sandbox import DecoderLost, decode_batch, decoder_processes
 from cupy_xarray.errors import ChunkError
 

@@ -10,8 +10,8 @@ import pytest
 import zarr
 from conftest import expected_type, host, module_of
 
-from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, describe, read_arrays
+from cupy_xarray.engine.devices import resolve_device
 from cupy_xarray.engine.plan import contiguous_span, normalize_selection, output_shape, plan_chunks
 from cupy_xarray.errors import ChunkError
 

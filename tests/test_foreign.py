@@ -8,8 +8,8 @@ import xarray as xr
 import zarr
 from conftest import expected_type, host, module_of
 
-from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, describe, read_arrays
+from cupy_xarray.engine.devices import resolve_device
 
 ts = pytest.importorskip("tensorstore")
 

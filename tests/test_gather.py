@@ -14,8 +14,8 @@ import zarr
 from conftest import host
 
 from cupy_xarray import record_reads
-from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, read_arrays, reader
+from cupy_xarray.engine.devices import resolve_device
 from cupy_xarray.engine.gather import SERVICE, ReadService
 
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from xarray.core import indexing
 
-from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, describe, read_arrays
+from cupy_xarray.engine.devices import resolve_device
 from cupy_xarray.xarray.backend import KvikioBackendArray
 
 EXAMPLES = int(os.environ.get("CUPY_XARRAY_EXAMPLES", "60"))

@@ -208,8 +208,9 @@ def test_read_short_of_memory_takes_smaller_batches(tmp_path, device, options, m
     """A read whose output fits but whose batches do not: read again in smaller batches,
     the same values, and the report says so."""
     from cupy_xarray import record_reads
-    from cupy_xarray.device import Device, resolve_device
+    from cupy_xarray.device import Device
     from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.devices import resolve_device
     from cupy_xarray.engine.schedule import Scheduler
 
     arr = _short_store(tmp_path / "a.zarr", compressors)
@@ -242,8 +243,9 @@ def test_read_short_of_memory_takes_smaller_batches(tmp_path, device, options, m
 
 
 def test_read_short_of_memory_at_the_smallest_batches_raises(tmp_path, device, options, monkeypatch):
-    from cupy_xarray.device import Device, resolve_device
+    from cupy_xarray.device import Device
     from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.devices import resolve_device
     from cupy_xarray.engine.schedule import Scheduler
 
     arr = _short_store(tmp_path / "a.zarr", None)
@@ -379,7 +381,7 @@ def test_reads_in_threads_overlap(tmp_path, monkeypatch, device, choice):
     """Reads in two threads sharing one device run at the same time (no turn-taking, on the
     GPU each on its own stream), and each gets its own values."""
     from cupy_xarray import read_zarr_gds
-    from cupy_xarray.device import cpu_device, gpu_device
+    from cupy_xarray.engine.devices import cpu_device, gpu_device
 
     dev = gpu_device(4) if device == "gpu" else cpu_device(4)
     both_inside = threading.Barrier(2, timeout=20)
@@ -444,8 +446,8 @@ def test_staging_alive_at_once_is_two_batches_worth(tmp_path, device, compressor
     import weakref
 
     from cupy_xarray import get_options
-    from cupy_xarray.device import cpu_device, gpu_device
     from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.devices import cpu_device, gpu_device
     from cupy_xarray.engine.read import RUNNING, Clock
     from cupy_xarray.engine.schedule import Scheduler
 
@@ -488,9 +490,9 @@ def test_a_reads_staging_buffers_are_one_size(tmp_path, monkeypatch, device, com
     its chunks compress to different sizes: a buffer a little larger than the one freed
     before it would be carved out of the block a decode's output was freed from, which then
     no longer fits the next output, and the memory pool would grow by it."""
-    from cupy_xarray.device import cpu_device, gpu_device
     from cupy_xarray.engine import array_spec, read_arrays
     from cupy_xarray.engine.batches import BatchSource
+    from cupy_xarray.engine.devices import cpu_device, gpu_device
     from cupy_xarray.engine.schedule import Scheduler
 
     dev = gpu_device(2) if device == "gpu" else cpu_device(2)
@@ -524,8 +526,8 @@ def test_host_route_groups_small_chunks_into_jobs_and_reports_the_first_error(tm
     from types import SimpleNamespace
 
     from cupy_xarray import read_zarr_gds
-    from cupy_xarray.device import cpu_device
     from cupy_xarray.engine import host
+    from cupy_xarray.engine.devices import cpu_device
 
     def task(n):
         return SimpleNamespace(spec=SimpleNamespace(recipe=SimpleNamespace(nbytes=n)))
@@ -617,8 +619,8 @@ def test_host_route_checks_framing_in_the_decoder_and_names_what_a_failed_decode
     from zarr.codecs import numcodecs as zn
 
     from cupy_xarray import read_zarr_gds
-    from cupy_xarray.device import cpu_device
     from cupy_xarray.engine.decoders import chain
+    from cupy_xarray.engine.devices import cpu_device
 
     data = (np.arange(16 * 64 * 64, dtype="float32") % 89).reshape(16, 64, 64)
     with warnings.catch_warnings():

@@ -194,8 +194,8 @@ def test_batched_tiles_are_placed_by_boxes_alone(tmp_path, monkeypatch, device, 
     scatter per piece, and gets zarr-python's values."""
     import zarr
 
-    from cupy_xarray.device import resolve_device
     from cupy_xarray.engine import array_spec, place, read_arrays
+    from cupy_xarray.engine.devices import resolve_device
     from cupy_xarray.engine.schedule import Scheduler
 
     data = (np.arange(12 * 40 * 50, dtype="f4") % 251).reshape(12, 40, 50)

@@ -13,10 +13,10 @@ import pytest
 import zarr
 from conftest import host, run_in_threads
 
-from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, observed, read_arrays
 from cupy_xarray.engine import rates as cal
 from cupy_xarray.engine import schedule as sch
+from cupy_xarray.engine.devices import resolve_device
 from cupy_xarray.engine.schedule import Scheduler
 from cupy_xarray.engine.spec import ChunkRecipe
 

@@ -10,8 +10,8 @@ import zarr
 from conftest import host
 from test_reliability import gpu_memory_returns
 
-from cupy_xarray.device import cpu_device, gpu_device
 from cupy_xarray.engine import array_spec, batches, read_arrays
+from cupy_xarray.engine.devices import cpu_device, gpu_device
 from cupy_xarray.engine.schedule import Scheduler
 from cupy_xarray.errors import ChunkError
 

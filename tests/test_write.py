@@ -19,8 +19,8 @@ import xarray as xr
 import zarr
 
 from cupy_xarray import get_options, record_writes
-from cupy_xarray.device import resolve_device
 from cupy_xarray.engine import array_spec, read_arrays
+from cupy_xarray.engine.devices import resolve_device
 from cupy_xarray.write import encoders
 from cupy_xarray.write.context import Write
 

@@ -59,7 +59,7 @@ def pool(threads: int) -> ThreadPoolExecutor:
 
 def host_device(device: Any) -> Any:
     """The CPU device whose jobs assemble a GPU read on the host (the same threads)."""
-    from ..device import resolve_device
+    from .devices import resolve_device
 
     return resolve_device("cpu", device.threads)
 

@@ -195,7 +195,7 @@ def read_arrays(
     requests
         ``(spec, selection)`` pairs; a selection is orthogonal (ints, slices, int arrays).
     device
-        Where the outputs go (:func:`cupy_xarray.device.resolve_device`).
+        Where the outputs go (:func:`.devices.resolve_device`).
     batch_bytes
         Bytes read (and decoded) per batch; bounds the memory used beside the outputs (two
         batches are in flight; uncompressed reads keep more, smaller ones in the same memory).

@@ -21,9 +21,10 @@ from xarray.core import indexing
 from xarray.core.variable import Variable
 
 from ..containment import Containment
-from ..device import Device, PrototypeDevice, import_cupy, resolve_device, start_gpu
+from ..device import Device, PrototypeDevice, import_cupy, start_gpu
 from ..engine import array_spec, read_arrays
 from ..engine.decoders import decode_choice
+from ..engine.devices import resolve_device
 from ..engine.plan import normalize_selection
 from ..engine.points import read_points
 from ..errors import StoreError, StoreNotFoundError

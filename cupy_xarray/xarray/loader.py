@@ -9,8 +9,8 @@ from typing import Any
 
 import xarray as xr
 
-from ..device import resolve_device
 from ..engine import read_arrays
+from ..engine.devices import resolve_device
 from ..errors import StoreError
 from .backend import KvikioBackendArray
 from .cf import find_backend_array
