@@ -6,8 +6,8 @@ Importing the package registers the ``.cupy`` accessor on DataArray, Dataset and
 
 from .device import gpu_available
 from .engine.read import ReadReport, record_reads
+from .engine.warmup import warm_up
 from .options import Options, get_options, set_options
-from .warmup import warm_up
 from .write import WriteReport, record_writes
 from .xarray import accessors, chunked  # noqa: F401  (accessors registers .cupy)
 from .xarray.loader import read_datatree_gds, read_zarr_gds

@@ -58,7 +58,7 @@ _started_lock = threading.Lock()
 def start_gpu(cupy: Any, then: Any = None) -> None:
     """Create the current GPU's CUDA context on a background thread, once per device, then
     run ``then()`` there (the opening of a store warms the engine so:
-    :func:`~cupy_xarray.warmup.warm_engine`).
+    :func:`~cupy_xarray.engine.warmup.warm_engine`).
 
     Opening a store takes a while itself (xarray decodes its coordinates), so the first read
     finds much of it ready.

@@ -37,8 +37,8 @@ def test_the_context_then_the_engine_start_in_the_background_once_per_device():
 
 
 def test_warm_engine_starts_the_pool_and_leaves_no_setting_changed(options):
+    from cupy_xarray.engine.warmup import warm_engine
     from cupy_xarray.options import get_options
-    from cupy_xarray.warmup import warm_engine
 
     before = get_options()
     warm_engine(3)  # on a machine without nvCOMP or kvikio: the pool alone, no error

@@ -27,9 +27,9 @@ from ..engine.decoders import decode_choice
 from ..engine.devices import resolve_device
 from ..engine.plan import normalize_selection
 from ..engine.points import read_points
+from ..engine.warmup import warm_engine
 from ..errors import StoreError, StoreNotFoundError
 from ..options import Options, carried, get_options, using
-from ..warmup import warm_engine
 from .cf import device_agnostic, find_backend_array
 from .opening import (
     is_local_store_object,

@@ -37,9 +37,9 @@ def warm_up(client: Any = None, device: str = "gpu", measure: bool = False) -> d
 
 
 def _warm_up_here(device: str, measure: bool = False) -> dict:
-    from .device import gpu_available
-    from .engine import host, reader  # noqa: F401 - the engine's imports, once
-    from .engine.devices import resolve_device
+    from ..device import gpu_available
+    from . import host, reader  # noqa: F401 - the engine's imports, once
+    from .devices import resolve_device
 
     name = "gpu" if device == "gpu" and gpu_available() else "cpu"
     dev = resolve_device(name)
@@ -48,8 +48,8 @@ def _warm_up_here(device: str, measure: bool = False) -> dict:
         warm_engine(dev.threads)
     host.pool(dev.threads)
     if measure:
-        from .engine import rates
-        from .engine.decoders.registry import STREAMS
+        from . import rates
+        from .decoders.registry import STREAMS
 
         for kind in STREAMS:
             rates.rates(kind, dev)
@@ -61,20 +61,20 @@ def warm_engine(threads: int) -> None:
     CPU threads, nvCOMP's library, the decoder process (it takes 1.5-2 s to load CUDA and
     nvCOMP, so it starts now, not at the first large read) and kvikio with its threads.
     Called on a background thread when a store is opened for the GPU."""
-    from .engine import host
-    from .options import get_options
-    from .runtime import nvcomp
+    from ..options import get_options
+    from ..runtime import nvcomp
+    from . import host
 
     host.pool(threads)
     try:  # what fails here, the read that needs it reports
         if nvcomp.enabled() and nvcomp.library() is not None and get_options().decoder_process != "off":
-            from .engine.sandbox.client import decoder_processes
+            from .sandbox.client import decoder_processes
 
             decoder_processes("nvcomp").start()
     except Exception:  # noqa: BLE001
         pass
     try:
-        from .engine.io import kvikio_enter, kvikio_exit
+        from .io import kvikio_enter, kvikio_exit
 
         kvikio_enter(threads)  # kvikio's pool of threads, made once
         kvikio_exit()
