@@ -68,6 +68,31 @@ def test_the_writer_imports_nothing_of_the_reader():
     assert not taken, taken
 
 
+def test_the_device_knows_no_engine():
+    """``device.py`` is a floor: the engine builds its devices (``engine/devices.py``)."""
+    taken = [
+        f"{m} imports {t}"
+        for m, t, _ in _imports()
+        if m == "cupy_xarray.device" and t.startswith("cupy_xarray.engine")
+    ]
+    assert not taken, taken
+
+
+def test_only_the_xarray_face_calls_the_reader():
+    """The reader (``engine/reader.py``, ``read_arrays``) is called from the xarray face
+    (``xarray/``) and from inside the engine, nowhere else."""
+    taken = [
+        f"{m} imports {t}"
+        for m, t, names in _imports()
+        if not m.startswith(("cupy_xarray.engine", "cupy_xarray.xarray"))
+        and (
+            t == "cupy_xarray.engine.reader"
+            or (t == "cupy_xarray.engine" and {"reader", "read_arrays"} & set(names))
+        )
+    ]
+    assert not taken, taken
+
+
 def test_memory_kept_idle_is_freed_where_a_read_or_write_runs_short(monkeypatch):
     """The decoder process's idle arenas are given back through the runtime (the writer names
     no reader to ask for them)."""
