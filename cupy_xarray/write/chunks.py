@@ -13,7 +13,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -22,8 +22,15 @@ from ..formats.sharding import EMPTY, encode_index
 from ..runtime.buffers import release_idle_memory
 from .encoders import DeviceChunk, EncodeError, Pending, Recipe, ShardRecipe, chunk_shape, stream_shape
 
-if TYPE_CHECKING:
-    from .context import Target, Write
+
+@dataclass(frozen=True)
+class Target:
+    """One zarr array a write fills: its path in the store, its metadata (written already)
+    and its codec chain."""
+
+    name: str
+    meta: Any
+    recipe: Recipe
 
 
 @dataclass
@@ -285,10 +292,9 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def write_array(
-    write: Write, target: Target, data: Any, origin: tuple[int, ...] | None = None
-) -> WriteReport:
-    """Write the chunks of ``target`` (its directory under ``write.root`` made already) that
+def write_array(write: Any, target: Target, data: Any, origin: tuple[int, ...] | None = None) -> WriteReport:
+    """Write the chunks of ``target`` (its directory under ``write.root`` made already; ``write``:
+    the call's :class:`.context.Write`) that
     ``data`` (a numpy or cupy array) covers: all of them, or from chunk ``origin`` of its grid
     on (a dask block: its ends on chunk boundaries or the array's); what it did. Where
     ``write.overwrite``, chunks may be there already (an append, a region): the file of a chunk

@@ -8,24 +8,13 @@ threads and the report every array's and block's write is counted in.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..options import Options, get_options
 from ..runtime.pools import kept_pool
-from .chunks import WriteReport, write_array
+from .chunks import Target, WriteReport, write_array
 from .encoders import CPUEncoder, GPUEncoder, Recipe, SharedEncoder
-
-
-@dataclass(frozen=True)
-class Target:
-    """One zarr array a write fills: its path in the store, its metadata (written already)
-    and its codec chain."""
-
-    name: str
-    meta: Any
-    recipe: Recipe
 
 
 class Write:

@@ -34,8 +34,8 @@ import xarray as xr
 from ..device import host_copy, is_dask_array
 from ..options import get_options
 from ..runtime.notes import collecting, file
-from .chunks import WriteReport
-from .context import Target, Write
+from .chunks import Target, WriteReport
+from .context import Write
 from .encoders import Unsupported, chunk_shape, recipe_of
 
 recorders: contextvars.ContextVar[list | None] = contextvars.ContextVar("cupy_xarray_writes", default=None)
