@@ -56,7 +56,7 @@ class Options:
     decoder_min_wait: float = 1.0
     arena_linger: float = 2.0
     max_chunk_bytes: int = 2**32
-    read_ahead: str = "off"
+    read_ahead: str = "auto"
     read_ahead_bytes: int = 2**30
     read_ahead_linger: float = 2.0
     # remote stores
@@ -305,7 +305,8 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         the box asked for, in one read whose window doubles with each box asked for in order,
         up to ``read_ahead_bytes`` (default 1 GiB; on a GPU, within ``memory_share`` of its free
         memory); the tasks that ask next take their box from it (:mod:`~cupy_xarray.xarray.readahead`).
-        ``"auto"``: on GPU reads; ``"on"``: CPU reads too; ``"off"`` (the default): never
+        ``"auto"`` (the default): dask tasks' reads of their blocks on a GPU; ``"on"``: every
+        read of an array's boxes in order, CPU reads and lazy selections too; ``"off"``: never
         (``CUPY_XARRAY_READ_AHEAD``). A box not asked for within ``read_ahead_linger`` seconds
         (default 2) is dropped.
     arena_linger

@@ -200,3 +200,45 @@ def test_an_array_with_read_ahead_pickles_without_it(store):
     np.testing.assert_array_equal(
         copy[(slice(0, 4), slice(0, 32), slice(0, 32))], ds["f"].values[:4, :32, :32]
     )
+
+
+def test_auto_reads_ahead_for_dask_blocks_on_a_gpu_alone():
+    """``read_ahead="auto"`` (the default) reads ahead for a dask task's block on a GPU, not
+    for lazy selections or CPU reads; ``"on"`` for every read; whether the read is on a GPU
+    is asked only where it matters."""
+    from cupy_xarray.xarray.readahead import dask_block, wanted
+
+    asked = []
+
+    def gpu() -> bool:
+        asked.append(1)
+        return True
+
+    assert not wanted("auto", gpu) and not asked  # a lazy selection
+    with dask_block():
+        assert wanted("auto", gpu) and asked
+        assert not wanted("auto", lambda: False)  # a CPU read
+        assert not wanted("off", gpu)
+    assert wanted("on", lambda: False)
+
+
+def test_dask_tasks_read_their_blocks_marked(store, monkeypatch):
+    """A dask task's read of its block is marked as one, through xarray's wrappers or
+    straight to the engine; a lazy selection's read is not."""
+    from cupy_xarray.xarray import readahead
+
+    seen = []
+
+    def record(mode, on_gpu):
+        seen.append(readahead.in_dask_block())
+        return False
+
+    monkeypatch.setattr(readahead, "wanted", record)
+    chunked = _open(store, "cpu", {}, "auto")
+    seen.clear()  # (the index read at open)
+    chunked["f"].load()
+    assert seen and all(seen)
+    lazy = _open(store, "cpu", None, "auto")
+    seen.clear()
+    lazy["f"].isel(t=slice(0, 3)).load()
+    assert seen and not any(seen)

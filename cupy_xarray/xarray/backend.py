@@ -30,6 +30,7 @@ from ..engine.points import read_points
 from ..engine.warmup import warm_engine
 from ..errors import StoreError, StoreNotFoundError
 from ..options import Options, carried, get_options, using
+from . import readahead
 from .cf import device_agnostic, find_backend_array
 from .opening import (
     is_local_store_object,
@@ -109,7 +110,7 @@ class KvikioBackendArray(BackendArray):
         self.device = device
         self.threads = threads
         self._preloaded = None
-        self._readahead: ReadAhead | bool | None = None  # False: not on this array's reads
+        self._readahead: ReadAhead | None = None  # made by the first read that reads ahead
 
     def __getstate__(self) -> dict:
         state = {k: getattr(self, k) for k in self.__slots__ if hasattr(self, k)}
@@ -158,12 +159,16 @@ class KvikioBackendArray(BackendArray):
         return self._read_requests([(self.spec, key)])[0]
 
     def _ahead(self) -> ReadAhead | None:
-        """The array's read-ahead (:mod:`.readahead`) where the ``read_ahead`` option has it."""
+        """The array's read-ahead (:mod:`.readahead`) where the ``read_ahead`` option has it
+        for this read."""
+        if not readahead.wanted(self.options.read_ahead, self._on_gpu):
+            return None
         if self._readahead is None:
-            mode = self.options.read_ahead
-            on = mode == "on" or (mode == "auto" and getattr(self.resolved_device(), "name", None) == "gpu")
-            self._readahead = ReadAhead(self.shape, self.dtype.itemsize, self._read_boxes) if on else False
-        return self._readahead or None
+            self._readahead = ReadAhead(self.shape, self.dtype.itemsize, self._read_boxes)
+        return self._readahead
+
+    def _on_gpu(self) -> bool:
+        return getattr(self.resolved_device(), "name", None) == "gpu"
 
     def _read_boxes(self, keys: list[tuple]) -> list[Any]:
         return self._read_requests([(self.spec, k) for k in keys])

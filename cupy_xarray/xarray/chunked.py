@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .readahead import dask_block
+
 
 def _backend_array(data: Any):
     from .backend import KvikioBackendArray
@@ -79,13 +81,14 @@ class EngineChunkSource:
         self.direct = _undecoded_backend(adapter)
 
     def __getitem__(self, key: Any) -> Any:
-        if self.direct is not None and type(key) is tuple and all(type(k) is slice for k in key):
-            # a block of an array xarray does not transform: its wrappers would only pass the
-            # key on (tens of microseconds of a small task), so the engine is asked at once
-            return self.direct.read(key)
-        out = self.adapter[key]
-        # xarray hands back lazy wrappers for lazy inputs; a dask block must be an array
-        return out.get_duck_array() if hasattr(out, "get_duck_array") else out
+        with dask_block():  # (the ``read_ahead`` setting reads ahead for dask blocks)
+            if self.direct is not None and type(key) is tuple and all(type(k) is slice for k in key):
+                # a block of an array xarray does not transform: its wrappers would only pass
+                # the key on (tens of microseconds of a small task), so the engine is asked at once
+                return self.direct.read(key)
+            out = self.adapter[key]
+            # xarray hands back lazy wrappers for lazy inputs; a dask block must be an array
+            return out.get_duck_array() if hasattr(out, "get_duck_array") else out
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         return ("cupy-xarray-chunk-source", self.token)

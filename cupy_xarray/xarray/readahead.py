@@ -13,11 +13,42 @@ names its own chunk).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+#: set while a dask task reads its block (:class:`~.chunked.EngineChunkSource`)
+_in_dask_block: contextvars.ContextVar[bool] = contextvars.ContextVar("cupy_xarray_dask_block", default=False)
+
+
+@contextlib.contextmanager
+def dask_block():
+    """Mark the reads inside the block as a dask task's read of its block."""
+    token = _in_dask_block.set(True)
+    try:
+        yield
+    finally:
+        _in_dask_block.reset(token)
+
+
+def in_dask_block() -> bool:
+    """Whether this read is a dask task's read of its block."""
+    return _in_dask_block.get()
+
+
+def wanted(mode: str, on_gpu: Callable[[], bool]) -> bool:
+    """Whether a read reads ahead, by the ``read_ahead`` setting: ``"on"``: every read of an
+    array's boxes in order; ``"auto"``: a dask task's read of its block on a GPU (where dask's
+    one-block reads stay too small for the batched route; ``on_gpu()`` is asked only then);
+    ``"off"``: none."""
+    if mode == "on":
+        return True
+    return mode == "auto" and in_dask_block() and on_gpu()
+
 
 #: the most boxes one window holds
 MAX_BOXES = 4096
