@@ -242,3 +242,29 @@ def test_dask_tasks_read_their_blocks_marked(store, monkeypatch):
     seen.clear()
     lazy["f"].isel(t=slice(0, 3)).load()
     assert seen and not any(seen)
+
+
+def test_an_array_makes_one_read_ahead_when_its_first_tasks_arrive_together(store, monkeypatch):
+    """dask's first tasks ask on several threads at once: one read-ahead serves them all (two
+    would read the same boxes twice)."""
+    import dask
+
+    from cupy_xarray.xarray import backend
+
+    made = []
+    real = backend.ReadAhead
+
+    def slow(shape, *args):
+        time.sleep(0.05)  # the window in which a second thread would make its own
+        ahead = real(shape, *args)
+        if tuple(shape) == SHAPE:  # (not the index's, read at open)
+            made.append(ahead)
+        return ahead
+
+    monkeypatch.setattr(backend, "ReadAhead", slow)
+    ds = _open(store, "cpu", {}, "on")
+    with dask.config.set(scheduler="threads", num_workers=8):
+        got = ds["f"].load()
+    assert len(made) == 1, len(made)
+    ref = xr.open_dataset(store, engine="zarr", consolidated=False)["f"].load()
+    np.testing.assert_array_equal(got.values, ref.values)

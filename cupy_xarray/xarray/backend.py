@@ -41,6 +41,8 @@ from .opening import (
 )
 from .readahead import ReadAhead
 
+_MAKING_AHEAD = threading.Lock()  # one read-ahead per array
+
 
 @dataclass(frozen=True)
 class ReadSettings:
@@ -164,7 +166,9 @@ class KvikioBackendArray(BackendArray):
         if not readahead.wanted(self.options.read_ahead, self._on_gpu):
             return None
         if self._readahead is None:
-            self._readahead = ReadAhead(self.shape, self.dtype.itemsize, self._read_boxes)
+            with _MAKING_AHEAD:  # dask's first tasks arrive on several threads at once
+                if self._readahead is None:
+                    self._readahead = ReadAhead(self.shape, self.dtype.itemsize, self._read_boxes)
         return self._readahead
 
     def _on_gpu(self) -> bool:
