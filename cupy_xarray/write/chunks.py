@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..device import is_cupy_array
+from ..device import array_namespace
 from ..formats.sharding import EMPTY, encode_index
 from ..runtime.buffers import release_idle_memory
 from .encoders import DeviceChunk, EncodeError, Pending, Recipe, ShardRecipe, chunk_shape, stream_shape
@@ -314,7 +314,7 @@ def write_array(write: Any, target: Target, data: Any, origin: tuple[int, ...] |
     import zarr
 
     meta, recipe, directory, options = target.meta, target.recipe, write.root / target.name, write.options
-    xp = _xp(data)
+    xp = array_namespace(data)
     report = WriteReport(arrays=[target.name])  # its path in the store
     unit = chunk_shape(meta)  # a chunk, or a shard
     shape = stream_shape(meta, recipe)  # a row's chunk
@@ -502,12 +502,3 @@ def _streams(xp: Any, n: int) -> list:
     from ..runtime.buffers import side_stream, thread_stream, write_stream
 
     return [thread_stream(xp), side_stream(xp), *(write_stream(xp, k) for k in range(2, max(n, 2)))]
-
-
-def _xp(data: Any) -> Any:
-    """cupy for data on the GPU, else numpy."""
-    if is_cupy_array(data):
-        import cupy
-
-        return cupy
-    return np
