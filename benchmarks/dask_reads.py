@@ -3,8 +3,9 @@
 For each store of ``route_table.py`` (float32 ``(T, 2048, 2048)`` of smooth data in 4 MiB
 tiles): the eager default read (the reference), then, round after round, each ``read_ahead``
 mode in turn: ``chunks={}`` loaded, ``chunks={}`` reduced (``.mean()``) and ``chunks="auto"``
-loaded, best of two each. Prints GB/s of decoded bytes, the ratio to the eager read and the
-peak device memory over the output, per round (the rounds show the run's spread).
+loaded, best of two each (on a GPU after a warm-up run). Prints GB/s of decoded bytes, the
+ratio to the eager read and the peak device memory over the output, per round (the rounds
+show the run's spread).
 
 Usage (GPU machine)::
 
@@ -22,36 +23,23 @@ import time
 import warnings
 from pathlib import Path
 
-from route_table import store
+from route_table import store, timed
 
 READS = (("chunks={}", {}, "load"), ("chunks={} .mean()", {}, "mean"), ("chunks='auto'", "auto", "load"))
 
 
-def _sync(device: str) -> None:
-    if device == "gpu":
-        import cupy
-
-        cupy.cuda.Device().synchronize()
-
-
 def _timed(fn, device: str, repeat: int = 2) -> tuple[float, int]:
-    """Best seconds of ``repeat`` runs of ``fn`` and the peak device memory above the start."""
-    best, peak = float("inf"), 0
+    """Best seconds of ``repeat`` runs of ``fn`` and, on a GPU, its peak device memory above
+    the start (there: ``route_table.timed``, after a warm-up run)."""
+    if device == "gpu":
+        t, peak, _ = timed(fn, repeat)
+        return t, peak
+    best = float("inf")
     for _ in range(repeat):
-        if device == "gpu":
-            from read_throughput import PeakGPUMemory
-
-            with PeakGPUMemory() as mem:
-                t0 = time.perf_counter()
-                fn()
-                _sync(device)
-                best = min(best, time.perf_counter() - t0)
-            peak = max(peak, mem.peak - mem.base)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-    return best, peak
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, 0
 
 
 def main() -> None:
