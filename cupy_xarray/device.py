@@ -10,6 +10,7 @@ engine.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import numpy as np
 
 from .errors import NoGPUError, missing_package
 from .options import get_options
+from .runtime import buffers
 
 CPU_HINT = (
     "pass device='cpu' (or use .cupy.as_numpy()) to stay on the CPU, or set CUPY_XARRAY_DEVICE=cpu "
@@ -181,8 +183,53 @@ class Device:
             self.xp.get_default_memory_pool().free_all_blocks()
 
     def synchronize(self) -> None:
+        """Wait for the work queued on this thread's current stream (nothing on the CPU)."""
         if self.name == "gpu":
             self.xp.cuda.get_current_stream().synchronize()
+
+    @property
+    def host_memory(self) -> bool:
+        """Whether outputs live in host memory, where CPU threads write them in place (else
+        they reach the device by copies, at full speed only from page-locked buffers)."""
+        return self.name != "gpu"
+
+    def model(self) -> str:
+        """The GPU's name (``"none"`` on the CPU)."""
+        if self.name != "gpu":
+            return "none"
+        name = self.xp.cuda.runtime.getDeviceProperties(self.xp.cuda.Device().id)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    @property
+    def key(self) -> str:
+        """What figures measured here are kept under: ``"gpu:<index>"`` or ``"cpu"``."""
+        return f"gpu:{self.xp.cuda.Device().id}" if self.name == "gpu" else self.name
+
+    def side_stream(self) -> Any:
+        """This thread's stream for work started ahead of its own, so that the two overlap
+        (:func:`~cupy_xarray.runtime.buffers.side_stream`); on the CPU, one that runs
+        nothing apart. Use it as a context (``with device.side_stream():``)."""
+        return buffers.side_stream(self.xp) if self.name == "gpu" else NO_STREAM
+
+    def wait_all(self) -> None:
+        """Wait for the work queued on every stream of the device (nothing on the CPU)."""
+        if self.name == "gpu":
+            self.xp.cuda.Device().synchronize()
+
+    def own_stream(self) -> Any:
+        """A context in which this thread's work runs on its own stream, so that reads in
+        other threads overlap (:func:`~cupy_xarray.runtime.buffers.on_thread_stream`)."""
+        return buffers.on_thread_stream(self.xp) if self.name == "gpu" else contextlib.nullcontext()
+
+
+class _NoStream(contextlib.nullcontext):
+    """The CPU's stand-in for a CUDA stream: work runs as it is called."""
+
+    def synchronize(self) -> None:
+        pass
+
+
+NO_STREAM = _NoStream()
 
 
 @dataclass
@@ -196,6 +243,14 @@ class PrototypeDevice:
     def gpu(self) -> bool:
         """Whether the prototype's buffers are GPU memory (zarr's ``gpu`` buffers: cupy)."""
         return getattr(self.prototype.nd_buffer, "__module__", "").endswith(".gpu")
+
+    @property
+    def host_memory(self) -> bool:
+        """Whether the prototype's buffers are host memory."""
+        return not self.gpu
+
+    def wait_all(self) -> None:
+        """Nothing: zarr-python's reads end with their buffers filled."""
 
 
 def empty_on(device: Device | PrototypeDevice, shape: tuple[int, ...], dtype: np.dtype) -> Any:

@@ -11,6 +11,7 @@ from conftest import expected_type, host, module_of
 from cupy_xarray.engine import array_spec, describe, read_arrays
 from cupy_xarray.engine.decoders import blosc as eb
 from cupy_xarray.engine.devices import resolve_device
+from cupy_xarray.engine.route import Route
 from cupy_xarray.errors import ChunkError
 from cupy_xarray.formats import blosc as fb
 
@@ -57,7 +58,8 @@ def test_chunk_decoding_matches_numcodecs(device, cname, shuffle, typesize, clev
     buf, lay = _layout_of(encoded, expected, cname)
     dev = resolve_device(device)
     buffer = dev.asarray(buf)
-    _, views = eb.decode_chunks(buffer, lay, 1, expected, dev)
+    route = Route("batch", "nvcomp" if device == "gpu" else "cpu")  # the batch decoders of each device
+    _, views = eb.decode_chunks(buffer, lay, 1, expected, dev, route)
     got = host(views[0])
     np.testing.assert_array_equal(got, np.frombuffer(codec.decode(encoded), dtype=np.uint8))
 
@@ -110,7 +112,7 @@ def test_tiles_unshuffled_into_their_boxes(tmp_path, device, monkeypatch, dtype,
     box of the output; the edge tiles, partial selections and chunks whose blocks do not
     allow it go through scratch and the scatter, in the same batches. Every read equals
     zarr-python's."""
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     comp = numcodecs.Blosc(cname=cname, clevel=5, shuffle=shuffle, blocksize=4096)
     arr = zarr.create_array(
@@ -208,7 +210,7 @@ def test_batches_checked_ahead(tmp_path, device, decode):
     """Batches of one chunk: each batch's layout and structure checks start while the batch
     before it decodes. Same values as zarr; a damaged chunk in a later batch is named, whether
     its layout (found ahead) or its stream (found when its check is waited for) is wrong."""
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     arr = _many_chunks(tmp_path)
     spec, dev = array_spec(arr), resolve_device(device)

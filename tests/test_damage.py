@@ -45,7 +45,7 @@ def test_damage_campaign_cpu(tmp_path, route):
     from one shared queue (the default of a large GPU read)."""
     import damage
 
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     all_cases = damage.cases(CAMPAIGN_CASES, seed=0)
     runner = damage.Runner(str(tmp_path), "cpu", Scheduler(force=route))
@@ -701,7 +701,7 @@ def test_chunks_of_several_frames_or_members_read_as_zarr_reads_them(tmp_path, d
 
     from cupy_xarray.engine import array_spec, read_arrays
     from cupy_xarray.engine.devices import resolve_device
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     comp = [zarr.codecs.ZstdCodec()] if kind == "zstd" else [zarr.codecs.GzipCodec()]
     store = tmp_path / "s.zarr"

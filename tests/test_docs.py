@@ -84,7 +84,7 @@ def test_user_pages_link_to_no_web_page(path):
 def test_the_patterns_catch_what_they_are_for():
     assert COMMIT.search("measured at 1274e57 on an H200")
     assert not COMMIT.search("4 GiB of float32 in 1024 tiles, deadline")
-    assert PRIVATE.search("see `engine/schedule.py`") and PRIVATE.search("cupy_xarray.engine.read_arrays")
+    assert PRIVATE.search("see `engine/route.py`") and PRIVATE.search("cupy_xarray.engine.read_arrays")
     assert not PRIVATE.search(
         "cupy_xarray.xarray.backend.KvikioBackendEntrypoint and cupy_xarray.errors.ChunkError"
     )

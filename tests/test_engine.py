@@ -216,7 +216,7 @@ def test_whole_chunks_decode_into_the_output(tmp_path, device, comp, route, monk
     """Whole row-chunks are decoded straight into the output: no copy afterwards, a missing
     chunk keeps the fill value, and ragged or partial chunks still take the copy path."""
     from cupy_xarray.engine import place
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     if route == "host" and device == "gpu":
         pytest.skip("a GPU read's host route copies every chunk from pinned memory")

@@ -29,7 +29,7 @@ def _imports():
 def test_the_walk_sees_the_imports():
     found = {(m, t) for m, t, _ in _imports()}
     assert ("cupy_xarray.xarray.backend", "cupy_xarray.xarray.opening") in found
-    assert ("cupy_xarray.engine.reader", "cupy_xarray.engine.schedule") in found
+    assert ("cupy_xarray.engine.reader", "cupy_xarray.engine.route") in found
 
 
 def test_no_module_takes_another_modules_private_names():

@@ -211,7 +211,7 @@ def test_read_short_of_memory_takes_smaller_batches(tmp_path, device, options, m
     from cupy_xarray.device import Device
     from cupy_xarray.engine import array_spec, read_arrays
     from cupy_xarray.engine.devices import resolve_device
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     arr = _short_store(tmp_path / "a.zarr", compressors)
     options(min_batch_bytes=2 * 2**20)
@@ -246,7 +246,7 @@ def test_read_short_of_memory_at_the_smallest_batches_raises(tmp_path, device, o
     from cupy_xarray.device import Device
     from cupy_xarray.engine import array_spec, read_arrays
     from cupy_xarray.engine.devices import resolve_device
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     arr = _short_store(tmp_path / "a.zarr", None)
     options(min_batch_bytes=2 * 2**20)
@@ -449,7 +449,7 @@ def test_staging_alive_at_once_is_two_batches_worth(tmp_path, device, compressor
     from cupy_xarray.engine import array_spec, read_arrays
     from cupy_xarray.engine.devices import cpu_device, gpu_device
     from cupy_xarray.engine.read import RUNNING, Clock
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     dev = gpu_device(2) if device == "gpu" else cpu_device(2)
     data = (np.arange(16 * 64 * 64, dtype="float32") % 977).reshape(16, 64, 64)
@@ -493,7 +493,7 @@ def test_a_reads_staging_buffers_are_one_size(tmp_path, monkeypatch, device, com
     from cupy_xarray.engine import array_spec, read_arrays
     from cupy_xarray.engine.batches import BatchSource
     from cupy_xarray.engine.devices import cpu_device, gpu_device
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     dev = gpu_device(2) if device == "gpu" else cpu_device(2)
     rng = np.random.default_rng(3)

@@ -18,7 +18,7 @@ from cupy_xarray import get_options
 from cupy_xarray.containment import UnsafeStoreError
 from cupy_xarray.engine import remote
 from cupy_xarray.engine import waves as waves_module
-from cupy_xarray.engine.schedule import lands_pinned
+from cupy_xarray.engine.route import lands_pinned
 from cupy_xarray.errors import ChunkError, StoreError
 
 pytest.importorskip("aiohttp")
@@ -755,12 +755,15 @@ def test_what_lands_in_pinned_memory(codecs, decode, pinned, without_process, mo
     spec = SimpleNamespace(recipe=SimpleNamespace(bytes_codecs=codecs))
     gpu, cpu = SimpleNamespace(name="gpu"), SimpleNamespace(name="cpu")
     monkeypatch.setattr(nvcomp, "library", lambda: object())  # as where nvCOMP's C API loads
-    assert lands_pinned(spec, gpu, decode) is pinned
-    assert lands_pinned(spec, cpu, decode) is False
+    def at(device):  # a read's device, decode choice and settings
+        return SimpleNamespace(device=device, decode=decode, options=get_options())
+
+    assert lands_pinned(spec, at(gpu)) is pinned
+    assert lands_pinned(spec, at(cpu)) is False
     options(nvcomp_c=False)  # nvCOMP's Python API only: no decoder process
-    assert lands_pinned(spec, gpu, decode) is (pinned and without_process)
+    assert lands_pinned(spec, at(gpu)) is (pinned and without_process)
     options(nvcomp_c=True, decoder_process="off")
-    assert lands_pinned(spec, gpu, decode) is (pinned and without_process)
+    assert lands_pinned(spec, at(gpu)) is (pinned and without_process)
 
 
 def test_only_the_threaded_fetcher_lands_bytes_pinned(http, tmp_path):

@@ -196,7 +196,7 @@ def test_batched_tiles_are_placed_by_boxes_alone(tmp_path, monkeypatch, device, 
 
     from cupy_xarray.engine import array_spec, place, read_arrays
     from cupy_xarray.engine.devices import resolve_device
-    from cupy_xarray.engine.schedule import Scheduler
+    from cupy_xarray.engine.route import Scheduler
 
     data = (np.arange(12 * 40 * 50, dtype="f4") % 251).reshape(12, 40, 50)
     codecs = None if compressors is None else zarr.codecs.ZstdCodec(level=1)

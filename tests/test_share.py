@@ -18,7 +18,7 @@ from test_xarray_surface import _same_encoding
 from cupy_xarray import record_reads
 from cupy_xarray.engine import array_spec, read_arrays
 from cupy_xarray.engine.devices import resolve_device
-from cupy_xarray.engine.schedule import Scheduler
+from cupy_xarray.engine.route import Scheduler
 from cupy_xarray.engine.share import WorkQueue
 from cupy_xarray.errors import ChunkError
 

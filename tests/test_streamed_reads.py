@@ -12,7 +12,7 @@ from test_reliability import gpu_memory_returns
 
 from cupy_xarray.engine import array_spec, batches, read_arrays
 from cupy_xarray.engine.devices import cpu_device, gpu_device
-from cupy_xarray.engine.schedule import Scheduler
+from cupy_xarray.engine.route import Scheduler
 from cupy_xarray.errors import ChunkError
 
 
@@ -52,8 +52,8 @@ def segments(monkeypatch, options):
     located = []
     real = batches.Segment.locate
 
-    def counted(self, outs, device):
-        tasks = real(self, outs, device)
+    def counted(self, read):
+        tasks = real(self, read)
         located.append(len(self.pieces))
         return tasks
 

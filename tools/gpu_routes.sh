@@ -22,7 +22,7 @@ export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/cupy-xarray-pycache}
 own=$(python3 -c "import importlib.util as u; print(' '.join(s.submodule_search_locations[0] for n in ('xarray', 'pandas', 'numpy', 'cupy', 'cupyx', 'cupy_backends', 'dask', 'zarr', 'numcodecs', 'kvikio', 'nvidia') if (s := u.find_spec(n)) and s.submodule_search_locations))" 2>/dev/null)
 python3 -m compileall -q -j 0 $own "${SITE:-/tmp/site}" "$R/cupy_xarray" "${BASE:-$R/.base}" > /dev/null 2>&1
 [ "${TESTS_S:-150}" = 0 ] || PYTHONPATH=$R:${SITE:-/tmp/site} timeout "${TESTS_S:-150}" python3 -m pytest -q -m gpu -p no:cacheprovider -W ignore \
-  ${TESTS:-tests/test_share.py tests/test_schedule.py tests/test_engine.py tests/test_gather.py} > "$OUT/gpu_tests.log" 2>&1
+  ${TESTS:-tests/test_share.py tests/test_route.py tests/test_engine.py tests/test_gather.py} > "$OUT/gpu_tests.log" 2>&1
 tail -3 "$OUT/gpu_tests.log"
 cd benchmarks
 bench() {  # name[@setting=value,...], size, extra args

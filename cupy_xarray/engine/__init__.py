@@ -6,7 +6,7 @@ Data path, one module per stage (:mod:`.reader` runs them for a :class:`~.read.R
     plan.py      selection -> chunk pieces (chunk-local and output selections)
     locate.py    pieces -> ChunkTasks: chunk files, shard indexes (shards.py), remote fetches
                  (remote.py, http.py)
-    schedule.py  THE route decision: batches (kvikio + nvCOMP or CPU decode) | CPU threads |
+    route.py     THE route decision: batches (kvikio + nvCOMP or CPU decode) | CPU threads |
                  zarr-python, and where fetched bytes land
     batches.py   batched tasks -> batches with staging slots, how many in flight
     execute.py   batches in flight: read (io.py) -> decode (decoders/) -> place, overlapped
@@ -21,7 +21,7 @@ Data path, one module per stage (:mod:`.reader` runs them for a :class:`~.read.R
 
 from .read import Read, ReadReport, record_reads
 from .reader import describe, read_arrays
-from .schedule import Decision, Scheduler
+from .route import Decision, Scheduler
 from .spec import ArraySpec, array_spec
 from .tasks import ChunkTask, Group, Placement
 

@@ -40,11 +40,9 @@ def max_ops() -> int:
     return max(64, min(4096, (soft - 128) // 5))
 
 
-def staging_limit(
-    outs: list, batch_bytes: int | None, decode: str, options: Options, free: int | None = None
-) -> int:
-    """Bytes a batch may hold: ``batch_bytes`` where given. For a GPU read whose chunks nvCOMP
-    may decode, ``free`` gives the device memory free beyond the outputs: nvCOMP's speed is
+def staging_limit(read: Any, free: int | None = None) -> int:
+    """Bytes a batch of ``read`` may hold: its ``batch_bytes`` where given. For a read
+    nvCOMP decodes some of, ``free`` gives the device memory free beyond the outputs: nvCOMP's speed is
     streams in flight, so a batch may take a third of the ``memory_share`` option of it (two
     batches in flight, each holding its stored bytes, their copy and the decoded bytes in the
     decoder process's arena), at least 128 MiB, at most ``max_batch_bytes``. Else, for
@@ -52,6 +50,7 @@ def staging_limit(
     ``default_batch_bytes`` option): two batches are in flight (or :func:`depth` batches of
     ``2 / depth`` of it), and a compressed one holds its stored and decoded bytes.
     ``decode="gpu"``: ``default_batch_bytes``."""
+    outs, batch_bytes, decode, options = read.outs, read.batch_bytes, read.decode, read.options
     if batch_bytes is not None:
         return max(1, batch_bytes)
     if free is not None and decode != "cpu":
@@ -137,7 +136,7 @@ def staging_bytes(all_slots: list[tuple[list[ChunkTask], list[int], int]]) -> in
 @dataclass
 class Segment:
     """Pieces of one request that become a batch when it is submitted
-    (:meth:`.schedule.Scheduler.streams`)."""
+    (:meth:`.route.Scheduler.streams`)."""
 
     out: int
     spec: ArraySpec
@@ -147,14 +146,16 @@ class Segment:
         """Staging bytes the batch can take: every piece staged, slots aligned."""
         return len(self.pieces) * aligned(self.spec.recipe.nbytes)
 
-    def locate(self, outs: list, device: Any) -> list[ChunkTask]:
-        """Locate and plan the pieces; the regions of missing chunks get the fill value."""
-        tasks, missing = locate(self.spec, self.pieces, self.out, device)
+    def locate(self, read: Any) -> list[ChunkTask]:
+        """Locate and plan the pieces for ``read``; the regions of missing chunks get the fill
+        value."""
+        outs = read.outs
+        tasks, missing = locate(self.spec, self.pieces, self.out, read)
         if missing:
             found = {id(t.piece) for t in tasks}
             for p in self.pieces:
                 if id(p) not in found:
-                    scatter(device.xp, outs[self.out], p.out_sel, self.spec.fill_value)
+                    scatter(read.device.xp, outs[self.out], p.out_sel, self.spec.fill_value)
         prepare(tasks, outs[self.out])
         return tasks
 
@@ -186,7 +187,7 @@ class BatchSource:
         The read's located tasks; streamed ones join them as they are located, to be
         released with them.
     plan
-        The scheduler's :class:`~.schedule.RoutePlan`.
+        The scheduler's :class:`~.route.RoutePlan`.
     queue
         The shared queue, where the plan shares a group.
     per_batch
@@ -249,7 +250,7 @@ class BatchSource:
         self.submitted[k] = time.perf_counter()
         read = self.read
         if isinstance(self.items[k], Segment):
-            located = self.items[k].locate(read.outs, read.device)
+            located = self.items[k].locate(read)
             read.report.chunks += len(located)
             self.tasks.extend(located)
             read.grow_progress(located)
@@ -284,8 +285,8 @@ class BatchSource:
             for t in self.items[k]:
                 if t.direct is None:
                     found.setdefault(t.spec.recipe.key, []).append(t)
-            gpu, alone = self.plan.on_gpu, self.plan.isolated
-            self._groups[k] = [Group(ts, gpu.get(r, False), alone.get(r, False)) for r, ts in found.items()]
+            route = self.plan.route_of
+            self._groups[k] = [Group(ts, route(ts[0].spec.recipe, self.read)) for ts in found.values()]
         return self._groups[k]
 
     def done(self, k: int) -> None:

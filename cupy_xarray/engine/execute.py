@@ -15,21 +15,14 @@ import contextlib
 import time
 from typing import Any
 
-from ..runtime.buffers import side_stream
 from . import batches as cut
-from . import host, observed
-from .decoders import decode_group, prepare_group, prepares, stream_kind, while_decoding
+from . import host
+from .decoders import decode_group, prepare_group, prepares, while_decoding
 from .place import copy_twins, host_twins, place_group, plan_boxes
 from .read import Read
-from .schedule import device_key, pace_key
+from .route import RoutePlan
 from .share import WorkQueue
 from .tasks import ChunkTask, Group
-
-
-def _side(device: Any) -> Any:
-    """The stream work started ahead runs on
-    (:func:`~cupy_xarray.runtime.buffers.side_stream`); none on the CPU."""
-    return side_stream(device.xp) if device.name == "gpu" else contextlib.nullcontext()
 
 
 def _start_ahead(groups: list[Group], device: Any) -> bool:
@@ -52,7 +45,7 @@ def _ahead(groups: list[Group], waiter: Any, read: Read, state: dict):
         t0 = time.perf_counter()
         try:
             waiter.wait()
-            with _side(device):
+            with device.side_stream():
                 state["started"] = _start_ahead(groups, device)
         except BaseException as exc:  # noqa: BLE001 - raised once the decode it overlaps is done
             state["error"] = exc
@@ -72,59 +65,23 @@ def _finish(groups: list[Group], read: Read, geometry: dict) -> None:
             decode_group(group, read.device, clock)
             spent = time.perf_counter() - t0 - (clock.ahead - ahead)
             clock.groups[group.recipe.key] += spent
-            if group.on_gpu:
-                read.scheduler.saw_gpu(group.tasks, read.device, spent)
+            read.scheduler.saw_gpu(group, read, spent)
         place_group(group, read.outs, read.device, geometry)
         clock.lap("scatter")
         group.release()
 
 
-def _kind(tasks: list[ChunkTask]) -> str | None:
-    """The one codec chain of compressed tasks, as paces are kept (None: none, or several)."""
-    chains = {t.spec.recipe.bytes_codecs for t in tasks}
-    if len(chains) != 1 or stream_kind(next(iter(chains))) is None:
-        return None
-    return pace_key(chains.pop())
-
-
-def _saw_io(batch: list[ChunkTask], read: Read, seconds: float) -> None:
-    """The first batch's reads (nothing else ran on the I/O threads yet): their pace."""
-    kind = _kind(batch)
-    if read.device.name == "gpu" and kind is not None and not read.clock.crowded:
-        observed.saw_io(device_key(read.device), kind, sum(t.nbytes for t in batch), seconds)
-
-
-def _saw_pool(on_host: list[ChunkTask], queue: WorkQueue | None, read: Read, seconds: float) -> None:
-    """The CPU threads' pace where they all had work: a shared queue's back end, or a host
-    route of many chunks of one stream kind."""
-    device = read.device
-    if device.name != "gpu" or read.clock.crowded:
-        return
-    if queue is not None and queue.taken_back and queue.back_started:
-        kind = _kind(queue.taken_back)
-        if kind is not None and len(queue.taken_back) >= 2 * device.threads:
-            seconds = queue.back_ended - queue.back_started
-            observed.saw_pool(device_key(device), kind, queue.back_done, seconds, shared=True)
-    elif on_host and len(on_host) >= 2 * device.threads:
-        kind = _kind(on_host)
-        if kind is not None and all(t.spec.recipe.bytes_codecs for t in on_host):
-            observed.saw_pool(device_key(device), kind, sum(t.spec.recipe.nbytes for t in on_host), seconds)
-
-
-def _free_for_batches(read: Read, tasks: list[ChunkTask]) -> int | None:
-    """Device memory free beyond the outputs, for a large GPU read nvCOMP may decode (asking
+def _free_for_batches(read: Read, plan: RoutePlan) -> int | None:
+    """Device memory free beyond the outputs, for a large read nvCOMP decodes some of (asking
     the driver costs every read: small ones keep their fixed batch size)."""
-    device = read.device
-    if device.name != "gpu" or read.batch_bytes is not None or read.decode == "cpu":
-        return None
-    if not any(t.spec.recipe.bytes_codecs for t in tasks):
+    if read.batch_bytes is not None or not any(r.nvcomp for r in plan.routes.values()):
         return None
     if (
         sum(int(getattr(o, "nbytes", 0)) for o in read.outs if o is not None)
         < read.options.check_memory_bytes
     ):
         return None
-    return device.free_bytes()
+    return read.device.free_bytes()
 
 
 def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = True) -> None:
@@ -133,9 +90,8 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
     requests located and planned a batch at a time, as their batches are submitted."""
     device, options = read.device, read.options
     began = time.perf_counter()
-    free = _free_for_batches(read, tasks)
-    limit = cut.staging_limit(read.outs, read.batch_bytes, read.decode, options, free)
-    plan = read.scheduler.plan(tasks, device, read.decode, limit)
+    plan = read.scheduler.plan(tasks, read)
+    limit = cut.staging_limit(read, _free_for_batches(read, plan))
     read.report.decisions.extend(plan.decisions)
     queue = WorkQueue(plan.shared, plan.front_bytes, plan.fixed_s, cut.max_ops()) if plan.shared else None
     plan_boxes(plan.batched, read.outs)
@@ -153,7 +109,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                 jobs = host.start(plan.on_host, outs, on, options, inline=not busy)
                 _read_batches(read, source, session, depth, jobs)
                 jobs.wait()
-                _saw_pool(plan.on_host, queue, read, time.perf_counter() - host_t0)
+                read.scheduler.saw_pool(plan.on_host, queue, read, time.perf_counter() - host_t0)
                 if twins is not None:
                     copy_twins(twins, read.outs, device)
                 read.clock.lap("host route")
@@ -161,16 +117,15 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                 read.advance(plan.on_host)
                 if queue is not None:
                     read.advance(queue.taken_back)
-                if device.name == "gpu" and not read.clock.crowded:
-                    read.scheduler.saw_read(plan, device, time.perf_counter() - began)
+                read.scheduler.saw_read(plan, read, time.perf_counter() - began)
             except BaseException:
                 # let reads in flight land before their buffers are released
                 if queue is not None:
                     queue.close()
                 if jobs is not None:
                     jobs.cancel()
-                if device.name == "gpu" and source.items:
-                    side_stream(device.xp).synchronize()  # checks started ahead read staging
+                if source.items:
+                    device.side_stream().synchronize()  # checks started ahead read staging
                 source.settle()
                 read.outs.clear()
                 raise
@@ -205,7 +160,7 @@ def _read_batches(read: Read, source: cut.BatchSource, session: Any, depth: int,
         source.land()
         clock.lap("io wait")
         if b == 0:
-            _saw_io(source.items[0], read, time.perf_counter() - source.submitted[0])
+            read.scheduler.saw_io(source.items[0], read, time.perf_counter() - source.submitted[0])
         if cpu_waits:  # the batch's reads have landed: the CPU threads start now
             cpu_waits = False
             host.take_from(queue, read.outs, device, options, jobs)
@@ -228,7 +183,7 @@ def _decode_batch(read: Read, source: cut.BatchSource, b: int, ahead: dict, geom
         _start_ahead(groups, device)
     # (the next batch is located: it was submitted before this one was waited for)
     nxt = source.groups(b + 1) if b + 1 < len(source) else None
-    if nxt is None or not any(prepares(g, device) for g in nxt):
+    if nxt is None or not any(prepares(g) for g in nxt):
         _finish(groups, read, geometry)
         return
     work = _ahead(nxt, source.pending[0], read, ahead)

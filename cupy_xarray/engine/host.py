@@ -82,14 +82,14 @@ def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
         _direct_job(task, out, device)
         return
     recipe = task.spec.recipe
-    gpu = device.name == "gpu"
+    copied = not device.host_memory  # to the GPU, from this thread's page-locked buffers
     t0 = time.perf_counter()
     lo, hi = (0, task.nbytes) if recipe.bytes_codecs else task.stored_span()
     if task.blob is not None:  # fetched: decoded or copied from where it landed
         stored = fetched_bytes(task, task.offset, task.nbytes)
     else:
         # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
-        stored = thread_buffer("stored", task.nbytes, pinned=gpu and not recipe.bytes_codecs)
+        stored = thread_buffer("stored", task.nbytes, pinned=copied and not recipe.bytes_codecs)
         if hi > lo:
             pread_into(task.read_op(task.offset + lo, hi - lo, stored[lo:hi]))
     t1 = time.perf_counter()
@@ -97,18 +97,18 @@ def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
     if recipe.bytes_codecs:
         # on a GPU, the thread's own pinned buffer: a pinned allocation per chunk costs more
         # than decoding a small one, and the copies end before the thread's next job
-        target = None if gpu else task.target
-        final = target if target is not None else thread_buffer("decoded", recipe.nbytes + 8, pinned=gpu)
+        target = None if copied else task.target
+        final = target if target is not None else thread_buffer("decoded", recipe.nbytes + 8, pinned=copied)
         data = decode_on_host(task, stored, final)
     t2 = time.perf_counter()
     if len(data) < recipe.nbytes:
         raise task.error(f"chunk holds {len(data)} bytes, expected {recipe.nbytes}")
-    if not gpu and task.target is not None and data.ctypes.data == task.target.ctypes.data:
+    if not copied and task.target is not None and data.ctypes.data == task.target.ctypes.data:
         return  # decoded straight into the output
     place_from_host(task, data, out, device)
     if stats is not None:
         stats["host pread (thread-s)"] += t1 - t0
-        if gpu:
+        if copied:
             stats["host decode (thread-s)"] += t2 - t1
             stats["host to GPU (thread-s)"] += time.perf_counter() - t2
 
@@ -121,7 +121,7 @@ def _direct_job(task: ChunkTask, out: Any, device: Any) -> None:
     if not n:
         return
     op = task.read_op(file_off, n)
-    if device.name != "gpu":
+    if device.host_memory:
         op.dest = out.reshape(-1).view(np.uint8)[dst : dst + n]
         pread_into(op)
         return
@@ -194,8 +194,8 @@ def start(
     jobs = Jobs(defaultdict(float) if options.profile else None)
     if not tasks:
         return jobs
-    if device.name == "gpu":
-        device.synchronize()  # the outputs' fill values are written before other streams write
+    device.synchronize()  # the outputs' fill values are written before other streams write
+    if not device.host_memory:
         if all(t.blob is not None and not t.spec.recipe.bytes_codecs for t in tasks):
             jobs._futures.append(run_now(_place_fetched, tasks, outs, device, jobs))
             return jobs
@@ -216,8 +216,7 @@ def take_from(queue: Any, outs: list[Any], device: Any, options: Options, jobs: 
     """Start every thread of the pool on a shared queue's back end (:mod:`.share`): each
     takes a job of about ``job_bytes`` (a chunk at least), reads, decodes and places it, and
     takes the next, until the queue is empty; the first error closes the queue."""
-    if device.name == "gpu":
-        device.synchronize()  # the outputs' fill values are written before other streams write
+    device.synchronize()  # the outputs' fill values are written before other streams write
     run = carried(_take)
     p = pool(device.threads)
     per = options.job_bytes

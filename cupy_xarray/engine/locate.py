@@ -13,20 +13,20 @@ from ..containment import file_kind
 from ..errors import ChunkError
 from .io import file_ident
 from .plan import ChunkPiece
-from .schedule import lands_pinned
+from .route import lands_pinned
 from .shards import EMPTY, read_shard_index, remote_shard_indexes, shard_bound, stored_bound
 from .spec import ArraySpec
 from .tasks import ChunkTask
 
 
 def locate(
-    spec: ArraySpec, pieces: list[ChunkPiece], out: int, device: Any = None, decode: str = "auto"
+    spec: ArraySpec, pieces: list[ChunkPiece], out: int, read: Any = None
 ) -> tuple[list[ChunkTask], int]:
-    """Find each piece's bytes; return (tasks, number of missing chunks). ``device`` and
-    ``decode``: where the read goes and how it decodes (fetched bytes that go to a GPU as
-    they are land in pinned memory: :func:`.schedule.lands_pinned`)."""
+    """Find each piece's bytes; return (tasks, number of missing chunks). ``read``: the
+    :class:`~.read.Read` they are for (fetched bytes that go to a GPU as they are land in
+    pinned memory: :func:`.route.lands_pinned`)."""
     if spec.source is not None:
-        tasks, missing_pieces = fetch(spec, pieces, out, device=device, decode=decode)
+        tasks, missing_pieces = fetch(spec, pieces, out, read=read)
         return tasks, len(missing_pieces)
     tasks: list[ChunkTask] = []
     missing = 0
@@ -108,18 +108,17 @@ def fetch(
     pieces: list[ChunkPiece],
     out: int,
     indexes: dict | None = None,
-    device: Any = None,
-    decode: str = "auto",
+    read: Any = None,
 ) -> tuple[list[ChunkTask], list[ChunkPiece]]:
     """:func:`locate` for a remote store: fetch the pieces' objects (whole chunks; for sharded
     arrays the shards' indexes, then their inner chunks' ranges, neighbours coalesced).
     Returns (tasks, the pieces whose chunks do not exist). ``indexes``: shard indexes already
-    fetched (filled in; default the source's own, kept while the dataset is open); ``device``
-    and ``decode``: where the read goes and how it decodes (:func:`.schedule.lands_pinned`)."""
+    fetched (filled in; default the source's own, kept while the dataset is open); ``read``:
+    the :class:`~.read.Read` they are for (:func:`.route.lands_pinned`)."""
     from .remote import Request, coalesce
 
     source = spec.source
-    pinned = lands_pinned(spec, device, decode)
+    pinned = read is not None and lands_pinned(spec, read)
     tasks: list[ChunkTask] = []
     missing: list[ChunkPiece] = []
     if spec.shard is None:

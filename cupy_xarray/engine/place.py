@@ -169,7 +169,7 @@ def place_from_host(task: ChunkTask, data: np.ndarray, out: Any, device: Any) ->
     """Place a piece decoded (or read) into host memory by a CPU thread: on a GPU, through this
     thread's stream (:func:`queue_copies`), waited for before ``data`` is reused; on the CPU,
     one copy or a scatter."""
-    if device.name != "gpu":
+    if device.host_memory:
         if task.copy is not None:
             src, n, dst = task.copy
             copy_bytes(out, dst, data, src, n, device)
@@ -233,7 +233,7 @@ def host_twins(read: Any, on_host: list[ChunkTask], batches: list) -> list | Non
     where the host route's jobs assemble it; None for other reads. The tasks' straight-into-
     the-output targets are planned again, on the twins."""
     outs = read.outs
-    if read.device.name != "gpu" or batches or not on_host or not assembles(on_host):
+    if read.device.host_memory or batches or not on_host or not assembles(on_host):
         return None
     used = {t.out for t in on_host}
     if sum(outs[i].nbytes for i in used) > read.options.host_assembly_bytes:

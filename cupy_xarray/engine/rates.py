@@ -1,7 +1,7 @@
 """Each stream kind's cost figures on this machine: built in (measured on an H200 host),
 or measured once per machine (:func:`rates`, which :func:`~cupy_xarray.warm_up` runs with
 ``measure=True``) and kept in a cache file. The route decision starts from them
-(:mod:`.schedule`); what reads then observe corrects them (:mod:`.observed`).
+(:mod:`.route`); what reads then observe corrects them (:mod:`.observed`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..options import get_options
+from ..runtime import nvcomp
 from .decoders import Rates, stream
 from .decoders.registry import STREAMS
 
@@ -36,29 +37,21 @@ def cache_path() -> str:
     return os.path.join(root, "decode-rates.json")
 
 
-_machine_keys: dict[tuple[str, int], str] = {}
+_machine_keys: dict[str, str] = {}
 
 
 def machine_key(device: Any) -> str:
     """Names the machine the rates belong to: GPU model, core count, nvCOMP build (asked of
     the driver once per device: every scheduled read needs it)."""
-    index = device.xp.cuda.Device().id if device.name == "gpu" else -1
-    key = _machine_keys.get((device.name, index))
+    key = _machine_keys.get(device.key)
     if key is None:
-        key = _machine_keys[(device.name, index)] = _machine_key(device)
+        key = _machine_keys[device.key] = _machine_key(device)
     return key
 
 
 def _machine_key(device: Any) -> str:
-    gpu = "none"
-    if device.name == "gpu":
-        props = device.xp.cuda.runtime.getDeviceProperties(device.xp.cuda.Device().id)
-        gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        from ..runtime import nvcomp
-
-        nv = nvcomp.version()
-    else:
-        nv = 0
+    gpu = device.model()
+    nv = nvcomp.version() if device.codecs.name == "nvcomp" else 0
     # (the last field: the model's version; figures measured under another are measured again)
     return f"{gpu}|{os.cpu_count()} cores|nvcomp {nv}|model 4"
 
@@ -161,7 +154,7 @@ def calibrate(kind: str, device: Any) -> Rates:
     for s in streams[:8]:
         decoder.decode_host(s, n, out)
     host = 8 * n / (time.perf_counter() - t0)
-    if device.name != "gpu" or not getattr(device.codecs, "available", False) or not decoder.calibrates_gpu:
+    if not getattr(device.codecs, "available", False) or not decoder.calibrates_gpu:
         return Rates(host, base.gpu, base.gpu_stream, base.gpu_call, measured=True, host_pool=base.host_pool)
     xp = device.xp
     dev = [xp.asarray(s) for s in streams]

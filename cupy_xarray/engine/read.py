@@ -2,7 +2,7 @@
 
 :class:`Read` is built once per :func:`~.reader.read_arrays` call from its requests, the
 device and the settings in effect (:mod:`cupy_xarray.options`), with the route policy (a
-:class:`~.schedule.Scheduler`), the outputs and the read's :class:`ReadReport`. A report
+:class:`~.route.Scheduler`), the outputs and the read's :class:`ReadReport`. A report
 belongs to its read: inside ``with record_reads() as reports:``, each read the block makes
 (in this thread, and in the engine's threads working for it) appends its own, so concurrent
 reads never overwrite each other's.
@@ -24,7 +24,7 @@ from ..options import Options
 from ..runtime.buffers import release_idle_memory
 from ..runtime.notes import collecting, file
 from .plan import output_shape
-from .schedule import Decision, Scheduler
+from .route import Decision, Scheduler
 from .spec import ArraySpec
 
 
@@ -49,7 +49,7 @@ class ReadReport:
         Seconds per phase (plan, submit, io wait, decode ..., scatter, host route); exact
         with the ``profile`` option, which synchronizes the GPU between phases.
     decisions
-        Where each group of compressed chunks was decoded and why (:class:`~.schedule.Decision`).
+        Where each group of compressed chunks was decoded and why (:class:`~.route.Decision`).
     batches
         Batches read with kvikio / the I/O threads (0: the host route alone).
     staging_bytes
@@ -128,8 +128,8 @@ class Clock:
         self.t = self.start = time.perf_counter()
 
     def lap(self, phase: str) -> None:
-        if self.exact and getattr(self.device, "name", None) == "gpu":
-            self.device.xp.cuda.Device().synchronize()  # every stream: nvCOMP runs on its own
+        if self.exact:
+            self.device.wait_all()  # every stream: nvCOMP runs on its own
         now = time.perf_counter()
         self.stats[phase] += now - self.t
         self.t = now

@@ -4,7 +4,7 @@
 
     plan.py      selection -> chunk pieces
     locate.py    pieces -> tasks (chunk files, shard indexes, remote fetches)
-    schedule.py  the route of every task: batches (kvikio + nvCOMP) | CPU threads | zarr-python
+    route.py     the route of every task: batches (kvikio + nvCOMP) | CPU threads | zarr-python
     place.py     where each piece's bytes go in the output, and putting them there
     batches.py   the batched tasks cut into batches with staging slots
     execute.py   batches in flight: read -> decode -> check -> place, overlapped
@@ -25,7 +25,6 @@ from typing import Any
 from ..device import Device, PrototypeDevice
 from ..errors import ChunkChangedError, OutOfMemoryError
 from ..options import get_options
-from ..runtime.buffers import on_thread_stream
 from ..runtime.notes import reporting
 from .decoders import decode_choice
 from .execute import execute
@@ -35,7 +34,7 @@ from .locate import locate
 from .place import prepare
 from .plan import normalize_selection, output_shape, plan_chunks
 from .read import RUNNING, Read, check_memory, record_reads, recorders
-from .schedule import Scheduler, fixed_route, in_decoder_process, stream_kind
+from .route import Scheduler, describe_route, stream_kind
 from .spec import ArraySpec
 from .waves import execute_waves, wave_bytes
 
@@ -61,18 +60,8 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
     codecs = ", ".join(r.bytes_codecs) or "uncompressed"
     where = device.codecs.name if r.bytes_codecs else device.io.name
     if stream_kind(r.bytes_codecs) is not None:
-        choice = decode_choice(decode)
-        route = fixed_route(r.bytes_codecs, choice, device)[0] if device.name == "gpu" else "host"
-        if device.name != "gpu":
-            where = "CPU threads, one chunk each"
-        elif route == "batch":
-            where = f"nvCOMP (decode={choice!r})"
-        elif route == "host":
-            where = f"CPU threads (decode={choice!r}), copied to the GPU"
-        else:
-            where = "nvCOMP and CPU threads, sharing one queue (decode='auto')"
-        if device.name == "gpu" and in_decoder_process(r.bytes_codecs, device, choice):
-            where += ", nvCOMP in the decoder process"
+        read = Read([], device, get_options(), decode_choice(decode), None, False, _DEFAULT_SCHEDULER)
+        where = describe_route(r.bytes_codecs, read)
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
     fetched = f", fetched from {spec.source.url}" if spec.source is not None else ""
     return f"{spec.name}: engine, {codecs} via {where}{shard}, chunks {spec.chunks}{fetched}"
@@ -80,12 +69,12 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
 
 def _run(read: Read) -> list[Any]:
     """Plan every request, then run the batches and the host route, then the remote waves."""
-    device, options, scheduler, clock = read.device, read.options, read.scheduler, read.clock
+    device, scheduler, clock = read.device, read.scheduler, read.clock
     outs = read.outs
     tasks: list = []
     remote: list = []  # fetched in waves
     streamed: list = []  # planned batch by batch
-    size = wave_bytes(device, read.decode, read.batch_bytes, options)
+    size = wave_bytes(read)
     for i, (spec, nsel) in enumerate(read.requests):
         if log.isEnabledFor(logging.DEBUG):
             log.debug(describe(spec, device, read.decode))
@@ -99,11 +88,11 @@ def _run(read: Read) -> list[Any]:
             remote.append((i, spec, pieces))
             outs[i] = device.empty(oshape, spec.dtype)
             continue
-        if scheduler.streams(spec, pieces, device):
+        if scheduler.streams(spec, pieces, read):
             streamed.append((i, spec, pieces))
             outs[i] = device.empty(oshape, spec.dtype)
             continue
-        found, missing = locate(spec, pieces, i, device, read.decode)
+        found, missing = locate(spec, pieces, i, read)
         read.report.chunks += len(found)
         if missing:
             read.filled.add(i)
@@ -127,8 +116,8 @@ def _run(read: Read) -> list[Any]:
 
 def _attempt(read: Read) -> list[Any]:
     device = read.device
-    if isinstance(device, Device) and device.name == "gpu":
-        with on_thread_stream(device.xp):  # this thread's own stream: reads in other threads overlap
+    if isinstance(device, Device):
+        with device.own_stream():  # this thread's own stream: reads in other threads overlap
             outs = _run(read)
             device.synchronize()
             return outs
@@ -208,7 +197,7 @@ def read_arrays(
         you trust) or ``"cpu"``; default ``CUPY_XARRAY_DECODE`` or ``"auto"``
         (:func:`~cupy_xarray.engine.decoders.decodes_on_gpu`). The values are the same.
     scheduler
-        Gives each chunk its route (:class:`~cupy_xarray.engine.schedule.Scheduler`); default
+        Gives each chunk its route (:class:`~cupy_xarray.engine.route.Scheduler`); default
         large groups shared by both processors (:mod:`.share`).
 
     Returns
@@ -253,7 +242,7 @@ def _gathers(device: Any, nbytes: int, progress: bool, options: Any) -> bool:
     progress bar, on a GPU (or on any device with ``gather="on"``)."""
     if options.gather == "off" or progress or not isinstance(device, Device):
         return False
-    if options.gather == "auto" and device.name != "gpu":
+    if options.gather == "auto" and device.host_memory:
         return False
     return nbytes <= options.gather_read_bytes
 

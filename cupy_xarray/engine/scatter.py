@@ -68,7 +68,7 @@ def place_chunk(xp: Any, out: Any, data: Any, recipe: ChunkRecipe, piece: Any) -
 def copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, device: Any) -> None:
     """Copy ``n`` bytes of ``src`` (on the output's device) into the C-contiguous output at byte
     ``dst``."""
-    if device.name == "gpu":
+    if not device.host_memory:
         rt = device.xp.cuda.runtime
         stream = device.xp.cuda.get_current_stream().ptr
         rt.memcpyAsync(out.data.ptr + dst, src.data.ptr + src_off, n, rt.memcpyDeviceToDevice, stream)

@@ -142,15 +142,13 @@ class ChunkTask:
 class Group:
     """Staged tasks of one recipe in one batch, decoded together.
 
-    ``on_gpu``: nvCOMP decodes the group's streams (the scheduler's decision, else CPU
-    threads); ``isolated``: in the decoder process (:mod:`.sandbox`); ``ready``: what was
-    started for it ahead of its decode; ``owner``: keeps the buffers of its decoded bytes
-    alive until they are placed.
+    ``route``: the recipe's :class:`~.route.Route` (who decodes the group's streams, and
+    whether in the decoder process); ``ready``: what was started for it ahead of its decode;
+    ``owner``: keeps the buffers of its decoded bytes alive until they are placed.
     """
 
     tasks: list[ChunkTask]
-    on_gpu: bool = False
-    isolated: bool = False
+    route: Any
     ready: Any = None
     owner: Any = None
 

@@ -43,7 +43,7 @@ def _warm_up_here(device: str, measure: bool = False) -> dict:
 
     name = "gpu" if device == "gpu" and gpu_available() else "cpu"
     dev = resolve_device(name)
-    if dev.name == "gpu":
+    if not dev.host_memory:
         dev.xp.cuda.runtime.free(0)  # the first runtime call that needs a context makes it
         warm_engine(dev.threads)
     host.pool(dev.threads)

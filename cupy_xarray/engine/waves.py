@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-from ..options import Options, carried
+from ..options import carried
 from .execute import execute
 from .locate import fetch, shard_indexes
 from .place import prepare
@@ -21,13 +20,14 @@ from .tasks import ChunkTask
 Request = tuple[int, ArraySpec, list[ChunkPiece]]
 
 
-def wave_bytes(device: Any, decode: str, batch_bytes: int | None, options: Options) -> int:
-    """Decoded bytes per wave: ``wave_bytes``; for ``decode="gpu"`` on a GPU, the batch size
-    (default ``gpu_wave_bytes``: nvCOMP's rate grows with the streams per call), within
-    ``wave_bytes`` and half of ``fetch_ahead_bytes`` (all options)."""
-    if decode != "gpu" or getattr(device, "name", "") != "gpu":
+def wave_bytes(read: Read) -> int:
+    """Decoded bytes per wave of a read: ``wave_bytes``; for ``decode="gpu"`` on a GPU, the
+    batch size (default ``gpu_wave_bytes``: nvCOMP's rate grows with the streams per call),
+    within ``wave_bytes`` and half of ``fetch_ahead_bytes`` (all options)."""
+    options = read.options
+    if read.decode != "gpu" or read.device.host_memory:
         return options.wave_bytes
-    wanted = batch_bytes if batch_bytes is not None else options.gpu_wave_bytes
+    wanted = read.batch_bytes if read.batch_bytes is not None else options.gpu_wave_bytes
     return max(options.wave_bytes, min(wanted, options.fetch_ahead_bytes // 2))
 
 
@@ -52,9 +52,9 @@ def waves(remote: list[Request], size: int) -> list[list]:
     return out
 
 
-def fetch_wave(wave: list, indexes: dict, device: Any = None, decode: str = "auto") -> list:
-    """Fetch one wave: per request, (output index, spec, tasks, missing pieces)."""
-    return [(i, spec, *fetch(spec, pieces, i, indexes, device, decode)) for i, spec, pieces in wave]
+def fetch_wave(wave: list, indexes: dict, read: Read | None = None) -> list:
+    """Fetch one wave of a read: per request, (output index, spec, tasks, missing pieces)."""
+    return [(i, spec, *fetch(spec, pieces, i, indexes, read)) for i, spec, pieces in wave]
 
 
 def execute_waves(read: Read, remote: list[Request], size: int) -> None:
@@ -77,7 +77,7 @@ def execute_waves(read: Read, remote: list[Request], size: int) -> None:
     def more() -> None:
         wave = next(it, None)
         if wave is not None:
-            ahead.append(fetcher.submit(run, wave, indexes, device, read.decode))
+            ahead.append(fetcher.submit(run, wave, indexes, read))
 
     try:
         for _ in range(depth + 1):

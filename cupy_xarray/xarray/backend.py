@@ -172,7 +172,8 @@ class KvikioBackendArray(BackendArray):
         return self._readahead
 
     def _on_gpu(self) -> bool:
-        return getattr(self.resolved_device(), "name", None) == "gpu"
+        device = self.resolved_device()
+        return isinstance(device, Device) and not device.host_memory
 
     def _read_boxes(self, keys: list[tuple]) -> list[Any]:
         return self._read_requests([(self.spec, k) for k in keys])
@@ -181,10 +182,9 @@ class KvikioBackendArray(BackendArray):
         """Bytes a read-ahead window may hold: ``read_ahead_bytes``, on a GPU within the
         ``memory_share`` of its free memory."""
         opts = self.options
-        device = self.resolved_device()
-        if getattr(device, "name", None) != "gpu":
+        if not self._on_gpu():
             return opts.read_ahead_bytes
-        return min(opts.read_ahead_bytes, int(opts.memory_share * device.free_bytes()))
+        return min(opts.read_ahead_bytes, int(opts.memory_share * self.resolved_device().free_bytes()))
 
     def _read_requests(self, requests: list) -> list[Any]:
         with using(self.options):
@@ -342,7 +342,7 @@ def read_settings(device: Any, threads: Any, batch_bytes: Any, decode: str | Non
         decode_choice(decode)
     if isinstance(device, str):
         resolved = resolve_device(device, threads)  # no GPU, no cupy: say so now
-        if resolved.name == "gpu":
+        if not resolved.host_memory:
             # (with the settings in effect here: decoder_process="off" starts no decoder process)
             start_gpu(resolved.xp, carried(functools.partial(warm_engine, resolved.threads)))
     else:

@@ -330,7 +330,7 @@ class GPUCodecs:
     ) -> Decoded:
         """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`): with nvCOMP,
         or with ``on_gpu=False`` on CPU threads (the scheduler's choice,
-        :func:`~cupy_xarray.engine.schedule.nvcomp_decodes`), then copied to the device.
+        :func:`~cupy_xarray.engine.route.nvcomp_decodes`), then copied to the device.
         ``isolated``: nvCOMP runs in the decoder process; where that process is lost (a
         damaged stream made it fault or hang), the batch is decoded again on CPU threads."""
         if not on_gpu:

@@ -33,17 +33,18 @@ from .zstd import frame_lengths as zstd_frame_lengths
 BOX_ALIGN = 64
 
 
-def _boxable(lay: Layout, boxes: list[Box | None] | None, nchunks: int, device: Any) -> list[Box | None]:
+def _boxable(lay: Layout, boxes: list[Box | None] | None, nchunks: int, kernel: bool) -> list[Box | None]:
     """The boxes the unshuffle writes into: those given, for chunks whose every block is
     shuffled (a block stored as is would be copied a byte at a time) and starts at a multiple
-    of :data:`BOX_ALIGN`, with the box's rows and pitches aligned for the kernel's stores."""
+    of :data:`BOX_ALIGN`, with the box's rows and pitches aligned for the kernel's stores
+    (``kernel``: the GPU's unshuffle kernel writes them, its stores 16-byte aligned)."""
     if boxes is None or not any(b is not None for b in boxes):
         return [None] * nchunks
     ok = np.zeros(nchunks, dtype=bool)
     for i, b in enumerate(boxes):
         if b is None or b.width % BOX_ALIGN or b.row_pitch % 16 or b.plane_pitch % 16:
             continue
-        if device.name == "gpu" and (b.out.data.ptr + b.start) % 16:
+        if kernel and (b.out.data.ptr + b.start) % 16:
             continue
         ok[i] = True
     bad = (lay.mode == MODE_NONE) | (lay.out % BOX_ALIGN != 0)  # memcpyed chunks: MODE_NONE
@@ -57,13 +58,17 @@ def decode_chunks(
     nchunks: int,
     expected: int,
     device: Any,
+    route: Any,
     lap: Any = None,
     targets: list[Any] | None = None,
     ready: dict[str, Ready] | None = None,
     boxes: list[Box | None] | None = None,
-    isolated: bool = False,
 ) -> tuple[list[Any], list[Any]]:
-    """Decode every stream and unshuffle every block.
+    """Decode every stream and unshuffle every block, as the group's ``route`` says
+    (:class:`~cupy_xarray.engine.route.Route`): nvCOMP and the GPU's unshuffle kernel
+    (``route.nvcomp``), else the device's batch decoders and NumPy; ``route.isolated``:
+    streams nvCOMP may fault on (zstd) are decoded in the decoder process (:mod:`..sandbox`;
+    again on CPU threads where it is lost).
 
     ``targets`` optionally gives, per chunk, the ``expected`` bytes its blocks are
     unshuffled into (a view of the output); ``boxes``, per chunk without one, the box of the
@@ -71,21 +76,19 @@ def decode_chunks(
     no scratch, no scatter). Other chunks get a new buffer. ``ready``: what
     :func:`ready_streams` started for this batch.
     Returns the buffers to keep alive until the device is synchronized, and the decoded
-    bytes of each chunk (None for a chunk unshuffled into its box). ``isolated``: streams
-    nvCOMP may fault on (zstd) are decoded in the decoder process (:mod:`..sandbox`; again on
-    CPU threads where it is lost).
+    bytes of each chunk (None for a chunk unshuffled into its box).
 
     Raises
     ------
     BloscLayoutError
         Naming the chunk whose stream did not decode.
     """
-    xp = device.xp
+    xp, kernel, isolated = device.xp, route.nvcomp, route.isolated
     targets = list(targets) if targets is not None else [None] * nchunks
     if boxes is not None:
         boxes = [None if t is not None else b for t, b in zip(targets, boxes)]
-    boxed = _boxable(lay, boxes, nchunks, device)
-    need = [i for i, t in enumerate(targets) if t is None and (boxed[i] is None or device.name != "gpu")]
+    boxed = _boxable(lay, boxes, nchunks, kernel)
+    need = [i for i, t in enumerate(targets) if t is None and (boxed[i] is None or not kernel)]
     scratch = device.empty((max(len(need) * expected, 1),), np.uint8)
     chunks = list(targets)
     for j, i in enumerate(need):
@@ -101,25 +104,25 @@ def decode_chunks(
         if isolated and stream(STREAMS[algo]).nvcomp_faults:
             batched = None  # not in this process: nvCOMP may fault or hang on a damaged stream
         else:
-            batched = device.codecs.batched(STREAMS[algo]) if device.name == "gpu" else None
+            batched = device.codecs.batched(STREAMS[algo]) if kernel else None
         if batched is not None:
             mine = (ready or {}).get(algo)
             owners.append(_decode_gpu_c(device, batched, algo, buffer, lay, idx, ptr, lap, mine))
             continue
-        if device.name == "gpu" and _carve_supported(device) and not isolated:
+        if kernel and _carve_supported(device) and not isolated:
             owners.append(_decode_gpu(device, algo, buffer, lay, idx, ptr, lap))
             continue
-        source, src = _pack(xp, buffer, lay.src[idx], lay.clen[idx], device)
+        source, src = _pack(xp, buffer, lay.src[idx], lay.clen[idx]) if kernel else (buffer, lay.src[idx])
         srcs = [source[int(p) : int(p) + int(c)] for p, c in zip(src, lay.clen[idx])]
         result = _decode_streams(device, algo, srcs, lay, idx, isolated)
         for s, d in zip(idx, result):
             decoded[int(s)] = d
-            if device.name == "gpu":
+            if kernel:
                 ptr[s] = d.data.ptr
         owners.append(result)  # nvCOMP's buffers: alive until the unshuffle kernel has run
     if lap:
         lap("blosc decode")
-    if device.name == "gpu":
+    if kernel:
         raw = np.flatnonzero(lay.raw)
         ptr[raw] = np.uint64(buffer.data.ptr) + lay.src[raw].astype(np.uint64)
         _unshuffle_gpu(xp, _destinations(lay, chunks, boxed), lay, ptr)
@@ -237,15 +240,15 @@ class Ready:
     verdict: Any
 
 
-def gpu_streams(device: Any, lay: Layout, isolated: bool = False) -> dict[str, tuple[Any, np.ndarray]]:
+def gpu_streams(device: Any, lay: Layout, route: Any) -> dict[str, tuple[Any, np.ndarray]]:
     """The codecs of a batch that nvCOMP's C API decodes in this process, with their batched
-    decoder and the indexes of their compressed streams (``isolated``: not those the decoder
-    process takes)."""
-    if device.name != "gpu":
+    decoder and the indexes of their compressed streams (none where the group's ``route``
+    does not send it to nvCOMP; not those it sends to the decoder process)."""
+    if not route.nvcomp:
         return {}
     found = {}
     for algo, idx in codec_groups(lay):
-        if isolated and stream(STREAMS[algo]).nvcomp_faults:
+        if route.isolated and stream(STREAMS[algo]).nvcomp_faults:
             continue
         batched = device.codecs.batched(STREAMS[algo])
         if batched is not None:
@@ -262,19 +265,19 @@ def codec_groups(lay: Layout) -> list[tuple[str, np.ndarray]]:
     return [(algo, comp[algos == algo]) for algo in sorted(set(algos))]
 
 
-def ready_streams(device: Any, buffer: Any, lay: Layout, isolated: bool = False) -> dict[str, Ready]:
+def ready_streams(device: Any, buffer: Any, lay: Layout, route: Any) -> dict[str, Ready]:
     """Pack the compressed streams of each codec nvCOMP's C API decodes and start their
     structure checks, on the current stream (a batch's checks run while the batch before it
     decodes: a check is one long chain of reads per stream, and leaves the GPU idle)."""
     return {
         algo: _ready(device, batched, algo, buffer, lay, idx)
-        for algo, (batched, idx) in gpu_streams(device, lay, isolated).items()
+        for algo, (batched, idx) in gpu_streams(device, lay, route).items()
     }
 
 
 def _ready(device: Any, batched: Any, algo: str, buffer: Any, lay: Layout, idx: np.ndarray) -> Ready:
     clen, dlen = lay.clen[idx], lay.dlen[idx]
-    source, src = _pack(device.xp, buffer, lay.src[idx], clen, device, batched.input_alignment)
+    source, src = _pack(device.xp, buffer, lay.src[idx], clen, batched.input_alignment)
     src_ptrs = np.uint64(source.data.ptr) + src.astype(np.uint64)
     return Ready(source, src_ptrs, stream(STREAMS[algo]).start_check_on_gpu(src_ptrs, clen, dlen))
 
@@ -333,7 +336,7 @@ def _decode_gpu(
     Python objects): nvCOMP batches carved from the staging and output buffers."""
     xp, nv = device.xp, device.codecs._nvcomp
     clen, dlen = lay.clen[idx], lay.dlen[idx]
-    source, src = _pack(xp, buffer, lay.src[idx], clen, device)
+    source, src = _pack(xp, buffer, lay.src[idx], clen)
     dst, total = aligned_slots(dlen)
     target = xp.empty((total,), dtype=xp.uint8)
     if lap:
@@ -359,12 +362,10 @@ def _decode_gpu(
     return (source, target, result)
 
 
-def _pack(
-    xp: Any, buffer: Any, src: np.ndarray, clen: np.ndarray, device: Any, align: int = 16
-) -> tuple[Any, np.ndarray]:
-    """The streams' buffer and positions, copied to 16-byte aligned slots where a stream does
-    not start at the ``align`` bytes nvCOMP needs."""
-    if device.name != "gpu" or not len(src) or not (src % align).any():
+def _pack(xp: Any, buffer: Any, src: np.ndarray, clen: np.ndarray, align: int = 16) -> tuple[Any, np.ndarray]:
+    """The streams' buffer (on the GPU) and positions, copied to 16-byte aligned slots where
+    a stream does not start at the ``align`` bytes nvCOMP needs."""
+    if not len(src) or not (src % align).any():
         return buffer, src
     slots, total = aligned_slots(clen)
     packed = xp.empty((total,), dtype=xp.uint8)

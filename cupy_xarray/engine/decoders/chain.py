@@ -87,8 +87,8 @@ def _steps(codecs: tuple[str, ...], nbytes: int):
 
 def decode_group(group: Any, device: Any, clock: Any) -> None:
     """Run one recipe's byte codecs over a group of staged tasks (:class:`~..tasks.Group` of
-    the batches), in batched calls of ``device.codecs``, by nvCOMP where the scheduler said
-    so (``group.on_gpu``); ``clock.lap(phase)`` records the time of each."""
+    the batches), in batched calls of ``device.codecs``, by whoever the group's route names
+    (``group.route``); ``clock.lap(phase)`` records the time of each."""
     tasks = group.tasks
     recipe = tasks[0].spec.recipe
     xp = device.xp
@@ -110,7 +110,12 @@ def decode_group(group: Any, device: Any, clock: Any) -> None:
         try:
             decoded = (
                 device.codecs.decode(
-                    name, [t.data for t in batch], [expected] * len(batch), into, group.on_gpu, group.isolated
+                    name,
+                    [t.data for t in batch],
+                    [expected] * len(batch),
+                    into,
+                    group.route.nvcomp,
+                    group.route.isolated,
                 )
                 if batch
                 else []
@@ -131,13 +136,13 @@ def decode_group(group: Any, device: Any, clock: Any) -> None:
         clock.lap(f"decode {name}")
 
 
-def prepares(group: Any, device: Any) -> bool:
+def prepares(group: Any) -> bool:
     """Whether :func:`prepare_group` has work for this group: Blosc chunks decoded by the
     batches' decoders (nvCOMP on a GPU)."""
     codecs = group.tasks[0].spec.recipe.bytes_codecs
     if len(codecs) != 1 or not codecs[0].startswith("blosc-"):
         return False
-    return device.name != "gpu" or group.on_gpu
+    return group.route.batch_decoders
 
 
 def prepare_group(group: Any, device: Any) -> None:
@@ -145,12 +150,12 @@ def prepare_group(group: Any, device: Any) -> None:
     that can run while the batch before it decodes (:func:`prepares`): the Blosc chunks'
     layout and, on a GPU, their streams packed for nvCOMP with their structure checks
     started; kept on ``group.ready`` for :func:`decode_group`."""
-    if not prepares(group, device):
+    if not prepares(group):
         return
     tasks = group.tasks
     cname = tasks[0].spec.recipe.bytes_codecs[0][len("blosc-") :]
     buffer, lay = _blosc_layout(tasks, cname, tasks[0].spec.recipe.nbytes, device)
-    group.ready = (buffer, lay, blosc.ready_streams(device, buffer, lay, group.isolated))
+    group.ready = (buffer, lay, blosc.ready_streams(device, buffer, lay, group.route))
 
 
 def _blosc_layout(
@@ -189,12 +194,12 @@ def _decode_blosc(group: Any, cname: str, expected: int, device: Any, clock: Any
     clock.lap("blosc layout")
     try:
         targets = [t.target for t in tasks] if last else None
-        if device.name == "gpu" and not group.on_gpu:
+        if not group.route.batch_decoders:
             owners, views = blosc.decode_chunks_on_host([t.data for t in tasks], expected, device, targets)
         else:
             boxes = [t.box for t in tasks] if last else None
             owners, views = blosc.decode_chunks(
-                buffer, lay, len(tasks), expected, device, clock.lap, targets, streams, boxes, group.isolated
+                buffer, lay, len(tasks), expected, device, group.route, clock.lap, targets, streams, boxes
             )
     except blosc_format.BloscLayoutError as exc:
         raise tasks[exc.index].error(str(exc)) from exc

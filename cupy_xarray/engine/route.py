@@ -29,10 +29,9 @@ every chunk on the host route.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..options import get_options
 from . import observed
 from .decoders import Rates, compressor, decodes_on_gpu, proven, stream, stream_bytes, stream_kind
 from .rates import DEFAULT_RATES, known_rates
@@ -40,24 +39,69 @@ from .rates import DEFAULT_RATES, known_rates
 log = logging.getLogger("cupy_xarray")
 
 
+@dataclass(frozen=True)
+class Route:
+    """Where one group of a read's chunks (one recipe) goes, who decodes it, and why; made
+    here alone, and followed by every other stage.
+
+    Attributes
+    ----------
+    way
+        ``"host"`` (CPU threads, a chunk per job), ``"batch"`` (staged, decoded in batched
+        calls) or ``"share"`` (one queue both take from); None before the cost model chose
+        (:meth:`Scheduler.split`).
+    decoder
+        Who decodes a batched group's streams: ``"nvcomp"``, ``"threads"`` (CPU threads, for
+        a GPU read: streams ``decode`` keeps off nvCOMP), ``"cpu"`` (a CPU read's batch
+        decoders) or ``"none"`` (no compressor).
+    isolated
+        The streams are decoded in the decoder process (:mod:`.sandbox`).
+    why
+        The reason, as the read's report says it.
+    """
+
+    way: str | None
+    decoder: str
+    isolated: bool = False
+    why: str = ""
+
+    @property
+    def nvcomp(self) -> bool:
+        """nvCOMP decodes the group's streams where they are decoded in batches."""
+        return self.decoder == "nvcomp"
+
+    @property
+    def batch_decoders(self) -> bool:
+        """The device's batch decoders take the group (nvCOMP, or a CPU read's), not CPU
+        threads standing in for nvCOMP on a GPU read."""
+        return self.decoder != "threads"
+
+
 @dataclass
 class RoutePlan:
     """A read's tasks split by route: ``batched`` (staged, decoded in batched calls),
     ``on_host`` (CPU threads, a chunk per job), ``shared`` (either, as they come free), with
-    per recipe (``recipe.key``) whether
-    nvCOMP decodes a batched group (``on_gpu``), and the decisions with their reasons."""
+    each recipe's :class:`Route` (by ``recipe.key``) and the decisions with their reasons."""
 
     batched: list
     on_host: list
-    on_gpu: dict
+    routes: dict[int, Route]
     decisions: list
-    isolated: dict  # per recipe: decoded in the decoder process
     shared: list = field(default_factory=list)  # taken by either processor (:mod:`.share`)
     front_bytes: int | None = None  # decoded bytes of ``shared`` the batches take first (None: half)
     fixed_s: float = 0.0  # the least seconds of one nvCOMP call of the shared chunks
     #: where the model routed every chunk, one route and one stream kind, its routes warm:
     #: (kind, route, decoded bytes, the model's seconds), learned from (:meth:`Scheduler.saw_read`)
     model: tuple[str, str, int, float] | None = None
+
+    def route_of(self, recipe: Any, read: Any) -> Route:
+        """A recipe's route; for one located after the plan (a streamed request's, every
+        piece of which goes with the batches: :meth:`Scheduler.streams`), ``"batch"``."""
+        route = self.routes.get(recipe.key)
+        if route is None:
+            route = replace(chain_route(recipe.bytes_codecs, read), way="batch", why="streamed")
+            self.routes[recipe.key] = route
+        return route
 
 
 @dataclass
@@ -89,7 +133,10 @@ class Decision:
 
 
 class Scheduler:
-    """Give each chunk of a group a route: ``"batch"`` or ``"host"``.
+    """Give each chunk of a group a route: ``"batch"``, ``"host"`` or ``"share"``.
+
+    Every method takes the read (a :class:`~.read.Read`, or anything with its ``device``,
+    ``decode`` and ``options``).
 
     Parameters
     ----------
@@ -107,8 +154,8 @@ class Scheduler:
         self._rates = rates
         self.force = force
 
-    def plan(self, tasks: list[Any], device: Any, decode: str, limit: int) -> RoutePlan:
-        """Give every located task its route (``limit``: the bytes one batch may hold)."""
+    def plan(self, tasks: list[Any], read: Any) -> RoutePlan:
+        """Give every located task its route."""
         batched, on_host, shared, groups, direct = [], [], [], {}, []
         for t in tasks:
             if t.direct is not None:
@@ -116,58 +163,79 @@ class Scheduler:
             else:
                 groups.setdefault(t.spec.recipe.key, []).append(t)
         if direct:
-            for t, r in zip(direct, self.direct_routes(direct, device)):
+            for t, r in zip(direct, self.direct_routes(direct, read)):
                 (on_host if r == "host" else batched).append(t)
-        decisions, on_gpu, isolated = [], {}, {}
+        decisions, routes = [], {}
         modelled = not direct
         front, fixed = 0, 0.0
         by_route = {"host": on_host, "batch": batched, "share": shared}
         for key, group in groups.items():
-            routes, decision = self.routes(group, device, decode, limit)
-            for t, r in zip(group, routes):
-                by_route[r].append(t)
-            if routes and routes[0] == "share" and decision is not None:
+            way, decision = self.routes(group, read)
+            for t in group:
+                by_route[way[0]].append(t)
+            if way[0] == "share" and decision is not None:
                 front += (
                     decision.front_bytes
                     if self.force is None
                     else sum(t.spec.recipe.nbytes for t in group) // 2
                 )
                 fixed = max(fixed, decision.fixed_s)
-            codecs = group[0].spec.recipe.bytes_codecs
-            on_gpu[key] = nvcomp_decodes(codecs, device, decode)
-            isolated[key] = in_decoder_process(codecs, device, decode)
+            why = decision.why if decision is not None else ""
+            routes[key] = replace(chain_route(group[0].spec.recipe.bytes_codecs, read), way=way[0], why=why)
             modelled = modelled and decision is not None and decision.model_s > 0 and decision.warm
             if decision is not None:
                 decisions.append(decision)
                 log.debug("decode: %s", decision)
-        plan = RoutePlan(
-            batched, on_host, on_gpu, decisions, isolated, shared, front if shared else None, fixed
-        )
+        plan = RoutePlan(batched, on_host, routes, decisions, shared, front if shared else None, fixed)
         if modelled and decisions and len({(d.kind, d.route, d.key) for d in decisions}) == 1:
             d = decisions[0]
             plan.model = (pace_key(groups[d.key][0].spec.recipe.bytes_codecs), d.route, d.nbytes, d.model_s)
         return plan
 
-    def saw_read(self, plan: RoutePlan, device: Any, seconds: float) -> None:
-        """A read the model routed whole (``plan.model``) took ``seconds``, this process's
+    def saw_read(self, plan: RoutePlan, read: Any, seconds: float) -> None:
+        """A GPU read the model routed whole (``plan.model``) took ``seconds``, this process's
         only read meanwhile: learn the route's factor (:func:`.observed.saw_outcome`)."""
-        if plan.model is not None and self.force is None:
+        if plan.model is not None and self.force is None and _learns(read):
             kind, route, nbytes, model_s = plan.model
-            observed.saw_outcome(device_key(device), kind, route, nbytes, seconds, model_s)
+            observed.saw_outcome(device_key(read.device), kind, route, nbytes, seconds, model_s)
 
-    def streams(self, spec: Any, pieces: list, device: Any) -> bool:
+    def saw_io(self, batch: list[Any], read: Any, seconds: float) -> None:
+        """A GPU read's first batch (nothing else ran on the I/O threads yet) read its stored
+        bytes in ``seconds``: the pace of the batches' reads."""
+        kind = _chain(batch)
+        if kind is not None and _learns(read):
+            observed.saw_io(device_key(read.device), kind, sum(t.nbytes for t in batch), seconds)
+
+    def saw_pool(self, on_host: list[Any], queue: Any, read: Any, seconds: float) -> None:
+        """The CPU threads' pace where they all had work on a GPU read: a shared queue's back
+        end, or a host route of many chunks of one stream kind."""
+        if not _learns(read):
+            return
+        device = read.device
+        if queue is not None and queue.taken_back and queue.back_started:
+            kind = _chain(queue.taken_back)
+            if kind is not None and len(queue.taken_back) >= 2 * device.threads:
+                seconds = queue.back_ended - queue.back_started
+                observed.saw_pool(device_key(device), kind, queue.back_done, seconds, shared=True)
+        elif on_host and len(on_host) >= 2 * device.threads:
+            kind = _chain(on_host)
+            if kind is not None and all(t.spec.recipe.bytes_codecs for t in on_host):
+                nbytes = sum(t.spec.recipe.nbytes for t in on_host)
+                observed.saw_pool(device_key(device), kind, nbytes, seconds)
+
+    def streams(self, spec: Any, pieces: list, read: Any) -> bool:
         """Whether a request's pieces are located and planned batch by batch, as their
         batches are submitted (the ``stream_bytes`` option): a large uncompressed, unsharded
         local read whose every piece goes with the batches (a GPU read, or a scheduler that
         sends every chunk there), so that its first reads start once one batch is planned."""
-        batched = getattr(device, "name", None) == "gpu" or self.force == "batch"
+        batched = getattr(read.device, "name", None) == "gpu" or self.force == "batch"
         return (
             batched
             and spec.source is None
             and spec.shard is None
             and not spec.recipe.bytes_codecs
             and self.force != "host"
-            and len(pieces) * spec.recipe.nbytes >= get_options().stream_bytes
+            and len(pieces) * spec.recipe.nbytes >= read.options.stream_bytes
         )
 
     def rates_for(self, kind: str, device: Any) -> Rates:
@@ -183,16 +251,16 @@ class Scheduler:
         longest = min(recipe.nbytes, stream_bytes(recipe.bytes_codecs) or recipe.nbytes)
         return max(r.gpu_call + longest / r.gpu_stream, total / r.gpu)
 
-    def saw_gpu(self, tasks: list[Any], device: Any, seconds: float) -> None:
-        """A batch's nvCOMP call on ``tasks`` took ``seconds`` (:mod:`.observed`)."""
-        recipe = tasks[0].spec.recipe
-        kind = stream_kind(recipe.bytes_codecs)
-        if kind is None or getattr(device, "name", None) != "gpu":
+    def saw_gpu(self, group: Any, read: Any, seconds: float) -> None:
+        """A batch's nvCOMP call on a group (:class:`~.tasks.Group`) took ``seconds``
+        (:mod:`.observed`)."""
+        recipe = group.recipe
+        if not group.route.nvcomp or stream_kind(recipe.bytes_codecs) is None:
             return
-        figure = self.gpu_figure(recipe, sum(t.spec.recipe.nbytes for t in tasks), device)
-        observed.saw_gpu(device_key(device), pace_key(recipe.bytes_codecs), seconds, figure)
+        figure = self.gpu_figure(recipe, sum(t.spec.recipe.nbytes for t in group.tasks), read.device)
+        observed.saw_gpu(device_key(read.device), pace_key(recipe.bytes_codecs), seconds, figure)
 
-    def direct_routes(self, tasks: list[Any], device: Any) -> list[str]:
+    def direct_routes(self, tasks: list[Any], read: Any) -> list[str]:
         """Routes for pieces read straight into the output (their bytes are one run of it):
         on a GPU, a read small enough for the calling thread (the ``inline_bytes`` option) goes
         to the host route (read into the thread's pinned buffer, one copy each: a dask task or
@@ -200,15 +268,14 @@ class Scheduler:
         threads cost more), larger ones with the batches (kvikio, many threads per read)."""
         if self.force is not None:
             return ["batch" if self.force == "share" else self.force] * len(tasks)
-        if device.name == "gpu" and sum(t.direct[1] for t in tasks) <= get_options().inline_bytes:
+        small = sum(t.direct[1] for t in tasks) <= read.options.inline_bytes
+        if read.device.name == "gpu" and small:
             return ["host"] * len(tasks)
         return ["batch"] * len(tasks)
 
-    def routes(
-        self, tasks: list[Any], device: Any, decode: str, batch_bytes: float | None = None
-    ) -> tuple[list[str], Decision | None]:
+    def routes(self, tasks: list[Any], read: Any) -> tuple[list[str], Decision | None]:
         """Routes for ``tasks``: chunks of one recipe, none of them read straight into the
-        output; ``batch_bytes``: what one batch (one nvCOMP call) may hold."""
+        output."""
         recipe = tasks[0].spec.recipe
         codecs = recipe.bytes_codecs
         name = tasks[0].spec.name
@@ -218,11 +285,11 @@ class Scheduler:
             codec, kind = compressor(codecs) or "stored", stream_kind(codecs) or ""
             decision = Decision(name, codec, 0, 0, "forced", kind, recipe.key, shared=True)
             return ["share"] * len(tasks), decision
-        if device.name != "gpu":
+        if read.device.name != "gpu":
             return ["host"] * len(tasks), None
         if not codecs:  # uncompressed tiles, staged only to be scattered
             fetched = getattr(tasks[0], "blob", None) is not None
-            if not fetched and sum(t.nbytes for t in tasks) > get_options().small_read_bytes:
+            if not fetched and sum(t.nbytes for t in tasks) > read.options.small_read_bytes:
                 return ["batch"] * len(tasks), None  # kvikio: 2.7x the CPU threads' rate
             # a dask task, a selection (no kvikio setup); fetched bytes, already in (pinned)
             # host memory: copied from there into their place in the output, no staging
@@ -232,11 +299,11 @@ class Scheduler:
         if kind is None:  # crc32c alone
             return ["batch"] * len(tasks), None
         key = recipe.key
-        route, why = fixed_route(codecs, decode, device)
-        if route is not None:
-            n = len(tasks) if route == "batch" else 0
-            return [route] * len(tasks), Decision(name, codec, n, len(tasks) - n, why, kind, key)
-        split = self.split(tasks, device, kind)
+        fixed = chain_route(codecs, read)
+        if fixed.way is not None:
+            n = len(tasks) if fixed.way == "batch" else 0
+            return [fixed.way] * len(tasks), Decision(name, codec, n, len(tasks) - n, fixed.why, kind, key)
+        split = self.split(tasks, read, kind)
         name = split.names
         learn = dict(model_s=split.model_s, warm=split.warm, nbytes=split.nbytes)
         if split.route == "host":
@@ -248,7 +315,7 @@ class Scheduler:
         )
         return ["share"] * len(tasks), decision
 
-    def split(self, tasks: list[Any], device: Any, kind: str) -> Split:
+    def split(self, tasks: list[Any], read: Any, kind: str) -> Split:
         """Who decodes a group either processor may decode: the GPU alone (its reads, then
         nvCOMP), the CPU threads alone, or both (the batches take ``front_bytes`` from the
         front, the CPU threads the rest from the back once the batch's reads have landed),
@@ -256,6 +323,7 @@ class Scheduler:
         what reads of that route and size took over their figures (:func:`.observed.outcome`).
         A split must end sooner than the faster processor alone by ``share_margin``:
         coordinating two ends costs what no figure shows."""
+        device = read.device
         recipe = tasks[0].spec.recipe
         r = self.rates_for(kind, device)
         key, chain = device_key(device), pace_key(recipe.bytes_codecs)
@@ -290,13 +358,13 @@ class Scheduler:
         names = ", ".join(dict.fromkeys(t.spec.name for t in tasks))
         figures = f"reads + nvCOMP call {t_gpu * 1e3:.0f} ms, CPU threads {t_cpu * 1e3:.0f} ms"
         best = min(t_cpu, t_gpu)
-        if 0 < x < total and t_split < best * (1 - get_options().share_margin):
+        if 0 < x < total and t_split < best * (1 - read.options.share_margin):
             route, why = "share", f"shared: {figures}, both {t_split * 1e3:.0f} ms"
         elif t_cpu <= t_gpu:
             route, why = "host", f"CPU threads alone: {figures}"
         else:
             route, why = "batch", f"nvCOMP alone: {figures}"
-        tried = _worth_a_try(route, charged, factor, seen)
+        tried = _worth_a_try(route, charged, factor, seen, read.options.route_explore)
         if tried is not None:
             alone = "CPU threads alone" if tried == "host" else "nvCOMP alone"
             route, why = tried, f"{alone}, tried at this size: {figures}"
@@ -313,13 +381,27 @@ class Scheduler:
         )
 
 
-def _worth_a_try(chosen: str, charged: dict, factors: dict, pace: observed.Pace) -> str | None:
+def _learns(read: Any) -> bool:
+    """Whether a read's timings teach the pace (:mod:`.observed`): a GPU read that ran alone."""
+    return read.device.name == "gpu" and not read.clock.crowded
+
+
+def _chain(tasks: list[Any]) -> str | None:
+    """The one codec chain of compressed tasks, as paces are kept (None: none, or several)."""
+    chains = {t.spec.recipe.bytes_codecs for t in tasks}
+    if len(chains) != 1 or stream_kind(next(iter(chains))) is None:
+        return None
+    return pace_key(chains.pop())
+
+
+def _worth_a_try(
+    chosen: str, charged: dict, factors: dict, pace: observed.Pace, explore: float
+) -> str | None:
     """A processor alone that the chosen route's learned time does not rule out: one never
-    read at this size, warm, whose figures come within the ``route_explore`` option of the
-    chosen route's charged time, once that route has shown what it takes (its factor is
-    seen). The figures' pace is each processor's on another read (another array, size or
-    data): one read of each settles which really ends first."""
-    explore = get_options().route_explore
+    read at this size, warm, whose figures come within ``explore`` (the ``route_explore``
+    option) of the chosen route's charged time, once that route has shown what it takes (its
+    factor is seen). The figures' pace is each processor's on another read (another array,
+    size or data): one read of each settles which really ends first."""
     if explore <= 0 or factors[chosen] is None:
         return None
     for other in ("host", "batch"):
@@ -355,32 +437,46 @@ def pace_key(codecs: tuple[str, ...]) -> str:
 
 
 def device_key(device: Any) -> str:
-    """What the pace seen is kept under: the device's kind and index."""
-    name = getattr(device, "name", "cpu")
-    xp = getattr(device, "xp", None)
-    return f"gpu:{xp.cuda.Device().id}" if name == "gpu" and xp is not None else name
+    """What the pace seen is kept under: the device's kind and index (``Device.key``)."""
+    key = getattr(device, "key", None)
+    return key if isinstance(key, str) else getattr(device, "name", "cpu")
 
 
-def fixed_route(codecs: tuple[str, ...], decode: str, device: Any) -> tuple[str | None, str]:
-    """The route every chunk of a compressed chain takes on a GPU read whatever the cost
-    model would say, and why; ``(None, "")`` where the model chooses (streams nvCOMP decodes
-    safely: proven by a checksum, or in the decoder process where it can run)."""
-    if decode == "gpu":
-        return "batch", "decode='gpu'"
-    if decode == "cpu":
-        return "host", "decode='cpu'"
+def chain_route(codecs: tuple[str, ...], read: Any) -> Route:
+    """The route of a chain's chunks in a read (``read``: its ``device``, ``decode`` and
+    ``options``) as far as it is fixed before the cost model: ``way`` where every chunk takes
+    one whatever the model would say (``decode="gpu"`` or ``"cpu"``, streams nvCOMP may not
+    decode safely here), None where the model chooses; who decodes batched streams; whether
+    in the decoder process (streams nvCOMP may fault on that no check proves, where that
+    process can run)."""
+    device, decode, options = read.device, read.decode, read.options
     kind = stream_kind(codecs)
-    isolated = isolable(codecs) and decoder_process_on(device)
-    if not isolated and not decodes_on_gpu(kind, "auto", proven(codecs)):
-        return "host", stream(kind).host_only or "decoded safely on the CPU"
-    return None, ""
+    gpu = getattr(device, "name", None) == "gpu"
+    if kind is None:
+        return Route("host" if not gpu else None, "none")
+    isolating = isolable(codecs) and decoder_process_on(device, options)
+    if not gpu:
+        return Route("host", "cpu", isolating, "a read to the CPU")
+    if decode == "auto" and isolating:
+        nvcomp = True
+    else:
+        nvcomp = decodes_on_gpu(kind, decode, proven(codecs))
+    decoder = "nvcomp" if nvcomp else "threads"
+    isolated = isolating and nvcomp
+    if decode == "gpu":
+        return Route("batch", decoder, isolated, "decode='gpu'")
+    if decode == "cpu":
+        return Route("host", decoder, isolated, "decode='cpu'")
+    if not isolating and not decodes_on_gpu(kind, "auto", proven(codecs)):
+        return Route("host", decoder, isolated, stream(kind).host_only or "decoded safely on the CPU")
+    return Route(None, decoder, isolated)
 
 
-def decoder_process_on(device: Any) -> bool:
+def decoder_process_on(device: Any, options: Any) -> bool:
     """Whether unproven streams may go to the decoder process (:mod:`.sandbox`): the
     ``decoder_process`` option; on a GPU where nvCOMP's C API can be used, on the CPU only
     when asked for (``"on"``: CPU decoders behind the same machinery, as CI runs it)."""
-    mode = get_options().decoder_process
+    mode = options.decoder_process
     if mode == "off":
         return False
     if getattr(device, "name", None) == "gpu":
@@ -399,34 +495,28 @@ def isolable(codecs: tuple[str, ...]) -> bool:
     return stream(kind).nvcomp_faults
 
 
-def nvcomp_decodes(codecs: tuple[str, ...], device: Any, decode: str) -> bool:
-    """Whether nvCOMP decodes a chain's streams where they are decoded in batches (else CPU
-    threads: on the CPU, and on a GPU for the streams ``decode`` keeps off nvCOMP)."""
-    kind = stream_kind(codecs)
-    if getattr(device, "name", None) != "gpu" or kind is None:
-        return False
-    if decode == "auto" and isolable(codecs) and decoder_process_on(device):
-        return True
-    return decodes_on_gpu(kind, decode, proven(codecs))
-
-
-def in_decoder_process(codecs: tuple[str, ...], device: Any, decode: str) -> bool:
-    """Whether a batched group's streams are decoded in the decoder process: streams nvCOMP
-    may fault on that no check has proven, wherever nvCOMP (or, with ``decoder_process="on"``,
-    the CPU decoders) decodes them in batches."""
-    if not isolable(codecs) or not decoder_process_on(device):
-        return False
-    return nvcomp_decodes(codecs, device, decode) or getattr(device, "name", None) != "gpu"
-
-
-def lands_pinned(spec: Any, device: Any, decode: str = "auto") -> bool:
+def lands_pinned(spec: Any, read: Any) -> bool:
     """Whether an array's fetched bytes land in pinned memory: those read to a GPU that go
     there as they are (uncompressed chunks, copied or read in place by a kernel; streams
     nvCOMP may decode), where copies run at full speed (cupy's pinned pool keeps the blocks
     for the next fetches)."""
-    if getattr(device, "name", None) != "gpu":
+    if getattr(read.device, "name", None) != "gpu":
         return False
     codecs = spec.recipe.bytes_codecs
     if not codecs:
         return True
-    return compressor(codecs) is not None and fixed_route(codecs, decode, device)[0] != "host"
+    return compressor(codecs) is not None and chain_route(codecs, read).way != "host"
+
+
+def describe_route(codecs: tuple[str, ...], read: Any) -> str:
+    """Where a read decodes a compressed chain's chunks, in words (:func:`.reader.describe`)."""
+    if getattr(read.device, "name", None) != "gpu":
+        return "CPU threads, one chunk each"
+    route, decode = chain_route(codecs, read), read.decode
+    if route.way == "batch":
+        where = f"nvCOMP (decode={decode!r})"
+    elif route.way == "host":
+        where = f"CPU threads (decode={decode!r}), copied to the GPU"
+    else:
+        where = "nvCOMP and CPU threads, sharing one queue (decode='auto')"
+    return where + (", nvCOMP in the decoder process" if route.isolated else "")

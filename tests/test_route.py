@@ -15,10 +15,11 @@ from conftest import host, run_in_threads
 
 from cupy_xarray.engine import array_spec, observed, read_arrays
 from cupy_xarray.engine import rates as cal
-from cupy_xarray.engine import schedule as sch
+from cupy_xarray.engine import route as sch
 from cupy_xarray.engine.devices import resolve_device
-from cupy_xarray.engine.schedule import Scheduler
+from cupy_xarray.engine.route import Scheduler
 from cupy_xarray.engine.spec import ChunkRecipe
+from cupy_xarray.options import get_options
 
 
 def _tasks(codecs: tuple[str, ...], count: int, nbytes: int = 4 * 2**20):
@@ -32,6 +33,13 @@ CPU = SimpleNamespace(name="cpu", threads=16)
 RATES = {k: v for k, v in sch.DEFAULT_RATES.items()}
 
 
+def at(device, decode="auto"):
+    """What the scheduler asks of a read (:class:`~cupy_xarray.engine.read.Read`): where it
+    goes, its decode choice and the settings in effect now, and that it ran alone."""
+    alone = SimpleNamespace(crowded=False)
+    return SimpleNamespace(device=device, decode=decode, options=get_options(), clock=alone)
+
+
 @pytest.mark.parametrize("without", [{"decoder_process": "off"}, {"nvcomp_c": False}, {}])
 def test_auto_keeps_unsafe_streams_on_cpu_threads(without, options, monkeypatch):
     """Without the decoder process (off, nvCOMP's Python API only, or no C API to load),
@@ -40,10 +48,10 @@ def test_auto_keeps_unsafe_streams_on_cpu_threads(without, options, monkeypatch)
 
     monkeypatch.setattr(nvcomp, "library", lambda: object() if without else None)
     options(**{"decoder_process": "auto", **without})
-    routes, d = Scheduler(RATES).routes(_tasks(("zstd",), 500), GPU, "auto")
+    routes, d = Scheduler(RATES).routes(_tasks(("zstd",), 500), at(GPU, "auto"))
     assert set(routes) == {"host"} and d.host == 500 and d.gpu == 0 and not d.shared
     assert "does not report damaged frames" in d.why
-    assert not sch.nvcomp_decodes(("zstd",), GPU, "auto")
+    assert not sch.chain_route(("zstd",), at(GPU)).nvcomp
 
 
 def test_unproven_streams_are_shared_and_decode_in_the_decoder_process(options, c_api):
@@ -52,11 +60,11 @@ def test_unproven_streams_are_shared_and_decode_in_the_decoder_process(options, 
     options(decoder_process="auto")
     s = Scheduler(RATES)
     for codecs in [("zstd",), ("blosc-zstd",)]:
-        many, d = s.routes(_tasks(codecs, 1024), GPU, "auto")
+        many, d = s.routes(_tasks(codecs, 1024), at(GPU, "auto"))
         assert set(many) != {"host"} and d.gpu + d.shared > 0, d  # nvCOMP takes part
-    one, d = s.routes(_tasks(("zstd",), 1), GPU, "auto")
+    one, d = s.routes(_tasks(("zstd",), 1), at(GPU, "auto"))
     assert one == ["host"] and not d.shared  # a one-chunk selection keeps its CPU route
-    assert sch.in_decoder_process(("zstd",), SimpleNamespace(name="cpu"), "auto") is False
+    assert sch.chain_route(("zstd",), at(CPU)).isolated is False
     assert sch.isolable(("zstd",)) and sch.isolable(("gzip",))
     assert not sch.isolable(("crc32c", "zstd")) and not sch.isolable(("blosc-lz4",))
 
@@ -67,8 +75,8 @@ def test_blosc_zstd_streams_go_to_the_decoder_process_where_nvcomp_decodes_them(
     decoder_process='on')."""
     assert sch.isolable(("blosc-zstd",)) and not sch.isolable(("crc32c", "blosc-zstd"))
     options(decoder_process="on")
-    assert sch.in_decoder_process(("blosc-zstd",), SimpleNamespace(name="cpu"), "gpu")
-    routes, d = Scheduler(RATES).routes(_tasks(("blosc-zstd",), 500), GPU, "gpu")
+    assert sch.chain_route(("blosc-zstd",), at(CPU, "gpu")).isolated
+    routes, d = Scheduler(RATES).routes(_tasks(("blosc-zstd",), 500), at(GPU, "gpu"))
     assert set(routes) == {"batch"} and d.gpu == 500
 
 
@@ -85,11 +93,11 @@ def test_a_split_is_chosen_by_the_time_each_end_takes(codecs, paces, c_api):
     it); whichever route is chosen, it is the one the figures say ends first, and a split
     ends sooner than either processor alone by the margin."""
     s = Scheduler(RATES)
-    one, d = s.routes(_tasks(codecs, 1), GPU, "auto")
+    one, d = s.routes(_tasks(codecs, 1), at(GPU, "auto"))
     assert one == ["host"] and "CPU threads alone" in d.why, d
     for count in (2, 16, 64, 256, 1024, 4096):
         tasks = _tasks(codecs, count)
-        split = s.split(tasks, GPU, sch.stream_kind(codecs))
+        split = s.split(tasks, at(GPU), sch.stream_kind(codecs))
         gpu_ms, cpu_ms = (
             float(x) for x in re.findall(r"nvCOMP call (\d+) ms, CPU threads (\d+) ms", split.why)[0]
         )
@@ -116,16 +124,16 @@ def test_the_pace_seen_moves_the_route(paces, monkeypatch):
     monkeypatch.setattr(observed, "saw_gpu", lambda *a, f=observed.saw_gpu: f(*a) or f(*a))
     monkeypatch.setattr(observed, "saw_pool", lambda *a, f=observed.saw_pool: f(*a) or f(*a))
     observed.saw_gpu(key, "zstd", 50.0, 1.0)  # nvCOMP took 50x the figures (clipped to 20x)
-    assert s.split(tasks, GPU, "zstd").route == "host"
+    assert s.split(tasks, at(GPU), "zstd").route == "host"
     observed.saw_gpu(key, "blosc-zstd", 1.0, 1.0)  # another chain's pace is its own
-    assert s.split(tasks, GPU, "zstd").route == "host"
+    assert s.split(tasks, at(GPU), "zstd").route == "host"
     observed.forget()
     observed.saw_pool(key, "zstd", 2**20, 1.0)  # the threads did 1 MiB/s
-    assert s.split(tasks, GPU, "zstd").route == "batch"
+    assert s.split(tasks, at(GPU), "zstd").route == "batch"
     observed.forget()
     observed.saw_pool(key, "zstd", 8 * 10**9, 1.0)  # 8 GB/s on the CPU, figures on the GPU
     observed.saw_gpu(key, "zstd", 2.0, 1.0)
-    split = s.split(tasks, GPU, "zstd")
+    split = s.split(tasks, at(GPU), "zstd")
     assert split.route == "share", split
     assert observed.pace("gpu", "zstd").pool == 8e9
 
@@ -135,9 +143,9 @@ def test_the_margin_keeps_a_split_that_gains_little_away(paces, options):
     tasks = _tasks(("zstd",), 1024)
     _saw("pool", sch.device_key(GPU), "zstd", 8 * 10**9, 1.0)
     _saw("gpu", sch.device_key(GPU), "zstd", 2.0, 1.0)
-    assert s.split(tasks, GPU, "zstd").route == "share"
+    assert s.split(tasks, at(GPU), "zstd").route == "share"
     options(share_margin=0.99)
-    assert s.split(tasks, GPU, "zstd").route in ("host", "batch")
+    assert s.split(tasks, at(GPU), "zstd").route in ("host", "batch")
 
 
 def _planned(count: int):
@@ -149,23 +157,23 @@ def test_a_route_that_ran_slower_than_its_figures_is_charged_for_it(paces, c_api
     (reads of another size keep their own factor); the route chosen instead keeps the reads
     once it ran as figured. Nothing is learned before the route's processors warmed up."""
     s, key = Scheduler(RATES), sch.device_key(GPU)
-    assert s.plan(_planned(1024), GPU, "auto", 2**31).model is None  # nothing warm yet
+    assert s.plan(_planned(1024), at(GPU, "auto")).model is None  # nothing warm yet
     _saw("pool", key, "zstd", 8 * 10**9, 1.0)
     _saw("gpu", key, "zstd", 2.0, 1.0)
-    plan = s.plan(_planned(1024), GPU, "auto", 2**31)
+    plan = s.plan(_planned(1024), at(GPU, "auto"))
     kind, route, nbytes, model_s = plan.model
     assert (kind, route, nbytes) == ("zstd", "share", 1024 * 4 * 2**20) and model_s > 0
-    s.saw_read(plan, GPU, 3 * model_s)
+    s.saw_read(plan, at(GPU), 3 * model_s)
     assert observed.outcome(key, "zstd", "share", nbytes) == 3.0
     assert observed.outcome(key, "zstd", "share", nbytes // 16) is None
-    again = s.plan(_planned(1024), GPU, "auto", 2**31)
+    again = s.plan(_planned(1024), at(GPU, "auto"))
     assert again.model[1] in ("host", "batch") and again.decisions[0].route == again.model[1]
     assert not again.shared and again.decisions[0].why.startswith(("CPU threads alone", "nvCOMP alone"))
-    s.saw_read(again, GPU, again.model[3])
-    assert s.plan(_planned(1024), GPU, "auto", 2**31).model[1] == again.model[1]
-    assert s.plan(_planned(4096), GPU, "auto", 2**31).decisions[0].route == "share"  # another size
+    s.saw_read(again, at(GPU), again.model[3])
+    assert s.plan(_planned(1024), at(GPU, "auto")).model[1] == again.model[1]
+    assert s.plan(_planned(4096), at(GPU, "auto")).decisions[0].route == "share"  # another size
     forced = Scheduler(RATES, force="share")
-    forced.saw_read(plan, GPU, 100 * model_s)  # a forced route teaches nothing
+    forced.saw_read(plan, at(GPU), 100 * model_s)  # a forced route teaches nothing
     assert observed.outcome(key, "zstd", "share", nbytes) == 3.0
 
 
@@ -177,26 +185,26 @@ def test_a_close_route_is_tried_once_at_a_size(paces, c_api, options):
     _saw("pool", key, "zstd", 8 * 10**9, 1.0)
     _saw("gpu", key, "zstd", 2.0, 1.0)
     tasks = _planned(64)
-    first = s.plan(tasks, GPU, "auto", 2**31)
+    first = s.plan(tasks, at(GPU, "auto"))
     _, chosen, _, model_s = first.model
     assert chosen in ("host", "batch")
     other = "batch" if chosen == "host" else "host"
-    s.saw_read(first, GPU, model_s)  # ran as figured
-    why = s.split(tasks, GPU, "zstd").why
+    s.saw_read(first, at(GPU), model_s)  # ran as figured
+    why = s.split(tasks, at(GPU), "zstd").why
     ms = {"batch": r"call (\d+) ms", "host": r"threads (\d+) ms"}
     t = {r: float(re.search(pattern, why).group(1)) / 1e3 for r, pattern in ms.items()}
     ratio = t[other] / t[chosen]
     options(route_explore=0.9 * ratio)
-    assert s.plan(tasks, GPU, "auto", 2**31).model[1] == chosen
+    assert s.plan(tasks, at(GPU, "auto")).model[1] == chosen
     options(route_explore=1.1 * ratio)
-    tried = s.plan(tasks, GPU, "auto", 2**31)
+    tried = s.plan(tasks, at(GPU, "auto"))
     assert tried.model[1] == other and "tried at this size" in tried.decisions[0].why
-    s.saw_read(tried, GPU, 0.5 * t[chosen])  # it ran in half the chosen route's time
-    again = s.plan(tasks, GPU, "auto", 2**31)
+    s.saw_read(tried, at(GPU), 0.5 * t[chosen])  # it ran in half the chosen route's time
+    again = s.plan(tasks, at(GPU, "auto"))
     assert again.model[1] == other and "tried" not in again.decisions[0].why  # and keeps the reads
     for _ in range(3):
-        s.saw_read(again, GPU, 10 * t[chosen])  # until it runs slow
-    assert s.plan(tasks, GPU, "auto", 2**31).model[1] == chosen
+        s.saw_read(again, at(GPU), 10 * t[chosen])  # until it runs slow
+    assert s.plan(tasks, at(GPU, "auto")).model[1] == chosen
 
 
 def test_the_threads_pace_beside_the_batches_is_kept_apart(paces):
@@ -205,12 +213,12 @@ def test_the_threads_pace_beside_the_batches_is_kept_apart(paces):
     s, key = Scheduler(RATES), sch.device_key(GPU)
     _saw("pool", key, "zstd", 8 * 10**9, 1.0)
     _saw("gpu", key, "zstd", 20.0, 1.0)  # a slow GPU: the threads alone
-    assert s.split(_planned(1024), GPU, "zstd").route == "host"
+    assert s.split(_planned(1024), at(GPU), "zstd").route == "host"
     observed.saw_pool(key, "zstd", 2**20, 1.0, shared=True)
     observed.saw_pool(key, "zstd", 2**20, 1.0, shared=True)
     seen = observed.pace(key, "zstd")
     assert seen.pool == 8e9 and seen.pool_shared == 2**20
-    assert s.split(_planned(1024), GPU, "zstd").route == "host"
+    assert s.split(_planned(1024), at(GPU), "zstd").route == "host"
 
 
 def test_a_pace_mixes_what_reads_saw(paces):
@@ -240,20 +248,20 @@ def test_equal_recipes_share_a_key():
 def test_decode_choice_overrides_the_model():
     s = Scheduler(RATES)
     for codecs in [("zstd",), ("gzip",), ("blosc-zstd",)]:
-        assert set(s.routes(_tasks(codecs, 64), GPU, "gpu")[0]) == {"batch"}
-        assert set(s.routes(_tasks(codecs, 64), GPU, "cpu")[0]) == {"host"}
+        assert set(s.routes(_tasks(codecs, 64), at(GPU, "gpu"))[0]) == {"batch"}
+        assert set(s.routes(_tasks(codecs, 64), at(GPU, "cpu"))[0]) == {"host"}
     # uncompressed tiles: a large read is staged with the batches (kvikio), a small one (a
     # dask task, a selection) goes to CPU threads; a CPU read uses its threads
-    assert set(s.routes(_tasks((), 64), GPU, "auto")[0]) == {"batch"}
-    assert set(s.routes(_tasks((), 2), GPU, "auto")[0]) == {"host"}
+    assert set(s.routes(_tasks((), 64), at(GPU, "auto"))[0]) == {"batch"}
+    assert set(s.routes(_tasks((), 2), at(GPU, "auto"))[0]) == {"host"}
     # fetched bytes are in host memory already: copied from there, however many
     fetched = _tasks((), 64)
     for t in fetched:
         t.blob = np.zeros(1, np.uint8)
-    assert set(s.routes(fetched, GPU, "auto")[0]) == {"host"}
-    assert set(s.routes(_tasks(("gzip",), 64), CPU, "gpu")[0]) == {"host"}
-    assert Scheduler(force="batch").routes(_tasks(("zstd",), 3), GPU, "cpu")[0] == ["batch"] * 3
-    assert Scheduler(force="share").routes(_tasks(("zstd",), 3), CPU, "cpu")[0] == ["share"] * 3
+    assert set(s.routes(fetched, at(GPU, "auto"))[0]) == {"host"}
+    assert set(s.routes(_tasks(("gzip",), 64), at(CPU, "gpu"))[0]) == {"host"}
+    assert Scheduler(force="batch").routes(_tasks(("zstd",), 3), at(GPU, "cpu"))[0] == ["batch"] * 3
+    assert Scheduler(force="share").routes(_tasks(("zstd",), 3), at(CPU, "cpu"))[0] == ["share"] * 3
     with pytest.raises(ValueError, match="force"):
         Scheduler(force="gpu")
 
@@ -270,12 +278,12 @@ def test_direct_reads_of_a_chunk_or_two_skip_kvikio():
         return tasks
 
     s = Scheduler(RATES)
-    assert s.direct_routes(direct(1, 4 * 2**20), GPU) == ["host"]
-    assert s.direct_routes(direct(4), GPU) == ["host"] * 4
-    assert s.direct_routes(direct(5), GPU) == ["batch"] * 5
-    assert s.direct_routes(direct(1, 16 * 2**20), GPU) == ["batch"]
-    assert s.direct_routes(direct(2), CPU) == ["batch"] * 2
-    assert Scheduler(force="host").direct_routes(direct(64), CPU) == ["host"] * 64
+    assert s.direct_routes(direct(1, 4 * 2**20), at(GPU)) == ["host"]
+    assert s.direct_routes(direct(4), at(GPU)) == ["host"] * 4
+    assert s.direct_routes(direct(5), at(GPU)) == ["batch"] * 5
+    assert s.direct_routes(direct(1, 16 * 2**20), at(GPU)) == ["batch"]
+    assert s.direct_routes(direct(2), at(CPU)) == ["batch"] * 2
+    assert Scheduler(force="host").direct_routes(direct(64), at(CPU)) == ["host"] * 64
 
 
 def test_rates_are_measured_once_and_cached(tmp_path, monkeypatch, options):
@@ -347,9 +355,9 @@ def test_calibration_keeps_the_nvcomp_figures_of_blosc_blocks():
 
 def test_the_reason_names_both_processors():
     s = Scheduler(RATES)
-    _, d = s.routes(_tasks(("gzip",), 1), GPU, "auto")
+    _, d = s.routes(_tasks(("gzip",), 1), at(GPU, "auto"))
     assert d.gpu == 0 and "nvCOMP call" in d.why and "CPU threads" in d.why
-    _, d = s.routes(_tasks(("gzip",), 1024), GPU, "auto")
+    _, d = s.routes(_tasks(("gzip",), 1024), at(GPU, "auto"))
     assert d.shared and "shared" in d.why and "both" in d.why, d  # gzip: the GPU's 2.8 GB/s beside 1.7
     d.gpu, d.host = 700, 324  # what each end took, written in after the read
     assert "700 chunks to nvCOMP, 324 to CPU threads" in str(d)
@@ -606,20 +614,24 @@ def test_batch_size_is_chosen_per_read_unless_given():
 
     o = get_options()
     most = o.default_batch_bytes
+
+    def of(outs, batch_bytes, decode):  # a read with these outputs and choices
+        return SimpleNamespace(outs=outs, batch_bytes=batch_bytes, decode=decode, options=o)
+
     gib = np.empty(0)  # outputs only count their bytes
     outs = [SimpleNamespace(nbytes=4 * 2**30), gib]
-    assert staging_limit(outs, None, "auto", o) == 512 * 2**20  # an eighth of 4 GiB
-    assert staging_limit([SimpleNamespace(nbytes=2**20)], None, "cpu", o) == 128 * 2**20
-    assert staging_limit([SimpleNamespace(nbytes=2**40)], None, "auto", o) == most
-    assert staging_limit(outs, None, "gpu", o) == most
-    assert staging_limit(outs, 2**31, "auto", o) == 2**31  # what the user asked for
-    assert staging_limit(outs, 1000, "gpu", o) == 1000
+    assert staging_limit(of(outs, None, "auto")) == 512 * 2**20  # an eighth of 4 GiB
+    assert staging_limit(of([SimpleNamespace(nbytes=2**20)], None, "cpu")) == 128 * 2**20
+    assert staging_limit(of([SimpleNamespace(nbytes=2**40)], None, "auto")) == most
+    assert staging_limit(of(outs, None, "gpu")) == most
+    assert staging_limit(of(outs, 2**31, "auto")) == 2**31  # what the user asked for
+    assert staging_limit(of(outs, 1000, "gpu")) == 1000
     # a GPU read nvCOMP decodes: a third of its share of the free memory, within bounds
-    assert staging_limit(outs, None, "auto", o, free=60 * 2**30) == min(o.max_batch_bytes, 10 * 2**30)
-    assert staging_limit(outs, None, "gpu", o, free=6 * 2**30) == 2**30
-    assert staging_limit(outs, None, "auto", o, free=2**20) == 128 * 2**20
-    assert staging_limit(outs, None, "cpu", o, free=60 * 2**30) == 512 * 2**20  # CPU threads decode
-    assert staging_limit(outs, 2**31, "auto", o, free=60 * 2**30) == 2**31
+    assert staging_limit(of(outs, None, "auto"), free=60 * 2**30) == min(o.max_batch_bytes, 10 * 2**30)
+    assert staging_limit(of(outs, None, "gpu"), free=6 * 2**30) == 2**30
+    assert staging_limit(of(outs, None, "auto"), free=2**20) == 128 * 2**20
+    assert staging_limit(of(outs, None, "cpu"), free=60 * 2**30) == 512 * 2**20  # CPU threads decode
+    assert staging_limit(of(outs, 2**31, "auto"), free=60 * 2**30) == 2**31
 
 
 def test_a_one_chunk_read_runs_on_the_calling_thread(tmp_path, monkeypatch):
