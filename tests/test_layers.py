@@ -106,3 +106,32 @@ def test_memory_kept_idle_is_freed_where_a_read_or_write_runs_short(monkeypatch)
     monkeypatch.setattr(sandbox.client, "_processes", {"a decoder process": process})
     buffers.release_idle_memory()
     assert asked == ["released"]
+
+
+def test_the_decoders_import_nothing_else_of_the_engine():
+    """``engine/decoders`` follow the route they are given (:class:`~cupy_xarray.engine.route.Route`);
+    the decoder process reaches them from the device (``engine/devices.py``), not by import."""
+    taken = [
+        f"{m} imports {t}"
+        for m, t, _ in _imports()
+        if m.startswith("cupy_xarray.engine.decoders")
+        and t.startswith("cupy_xarray.engine")
+        and not t.startswith("cupy_xarray.engine.decoders")
+    ]
+    assert not taken, taken
+
+
+def test_only_the_device_and_the_route_ask_the_devices_name():
+    """What differs between the CPU and the GPU is asked of the device's capabilities
+    (``Device.host_memory``, ``side_stream()`` ...) or of the group's route, not of its name:
+    ``device.py`` and ``engine/route.py`` alone compare it."""
+    import re
+
+    asked = re.compile(r'(\.name|"name", [^)]*\))\s*[!=]=\s*"(gpu|cpu)"')
+    allowed = {"device.py", "engine/route.py"}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel not in allowed:
+            found += [f"{rel}: {m.group(0)}" for m in asked.finditer(path.read_text())]
+    assert not found, found

@@ -11,20 +11,22 @@ import numpy as np
 
 from ..device import Device, PrototypeDevice, default_threads, require_gpu
 from ..options import get_options
+from . import sandbox
 from .decoders.batch import CPUCodecs, GPUCodecs
 from .io import KvikioIO, PosixIO
 
 
 def cpu_device(threads: int | None = None) -> Device:
-    """A Device for the CPU: NumPy, POSIX reads, CPU decoders."""
-    return Device("cpu", np, PosixIO(), CPUCodecs(), threads or default_threads())
+    """A Device for the CPU: NumPy, POSIX reads, CPU decoders (the decoder process behind
+    them where a route isolates streams)."""
+    return Device("cpu", np, PosixIO(), CPUCodecs(sandbox), threads or default_threads())
 
 
 def gpu_device(threads: int | None = None) -> Device:
-    """A Device for the current GPU: cupy, kvikio reads, nvCOMP (raises where no GPU can be
-    used)."""
+    """A Device for the current GPU: cupy, kvikio reads, nvCOMP, the decoder process for the
+    streams a route isolates (raises where no GPU can be used)."""
     cupy = require_gpu()
-    return Device("gpu", cupy, KvikioIO(), GPUCodecs(), threads or default_threads())
+    return Device("gpu", cupy, KvikioIO(), GPUCodecs(sandbox), threads or default_threads())
 
 
 @functools.lru_cache(maxsize=16)

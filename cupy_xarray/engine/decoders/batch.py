@@ -19,6 +19,7 @@ import numpy as np
 
 from ...options import get_options
 from ...runtime.buffers import pinned_buffer
+from ...runtime.notes import note
 from .base import Decoded, DecodeFailure, FramingError, aligned_slots, decoded_sizes
 from .registry import stream
 
@@ -60,17 +61,14 @@ def to_device(pinned: np.ndarray, slots: np.ndarray, sizes: np.ndarray, outs: li
 
 
 def _in_decoder_process(
-    algo: str, srcs: list[Any], expected: list[int], into, on_device: bool, seconds: float
+    isolation: Any, algo: str, srcs: list[Any], expected: list[int], into, on_device: bool, seconds: float
 ):
-    """Decode in the decoder process (:func:`..sandbox.decode_batch`); None where it was lost
-    (logged: the caller decodes the batch again on CPU threads, which name a damaged stream)."""
-    from ..sandbox import DecoderLost, decode_batch
-
+    """Decode in the decoder process (``isolation``: its ``decode_batch`` and ``DecoderLost``,
+    :mod:`..sandbox`); None where it was lost (logged: the caller decodes the batch again on
+    CPU threads, which name a damaged stream)."""
     try:
-        outs, owner = decode_batch(algo, srcs, expected, into, on_device, seconds)
-    except DecoderLost as exc:
-        from ...runtime.notes import note
-
+        outs, owner = isolation.decode_batch(algo, srcs, expected, into, on_device, seconds)
+    except isolation.DecoderLost as exc:
         log.warning("%s; decoding its batch of %d %s streams again on CPU threads", exc, len(srcs), algo)
         note(f"{exc}; its batch of {len(srcs)} {algo} streams was decoded again on CPU threads")
         return None
@@ -82,13 +80,15 @@ def _in_decoder_process(
 class CPUCodecs:
     """Decode on CPU threads, each stream with its kind's
     :meth:`~.base.StreamDecoder.decode_host` (zlib, libzstd, liblz4), which verifies the
-    checksums the stream carries.
+    checksums the stream carries. ``isolation``: the decoder process (:mod:`..sandbox`) that
+    streams a route isolates go to first (None: decoded here).
     """
 
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, isolation: Any = None) -> None:
         self.threads = 4
+        self.isolation = isolation
 
     @classmethod
     def with_threads(cls, threads: int) -> CPUCodecs:
@@ -112,9 +112,9 @@ class CPUCodecs:
         ``isolated``: in the decoder process first, the machinery GPU reads use.)"""
 
         decoder = stream(algo)
-        if isolated:
+        if isolated and self.isolation is not None:
             seconds = sum(expected) / decoder.rates.host_thread + 0.01
-            decoded = _in_decoder_process(algo, srcs, expected, into, False, seconds)
+            decoded = _in_decoder_process(self.isolation, algo, srcs, expected, into, False, seconds)
             if decoded is not None:
                 return decoded
 
@@ -151,12 +151,14 @@ class GPUCodecs:
     Streams come with their framing, as for :class:`CPUCodecs`. nvCOMP's C API decodes the
     bare streams into buffers of the expected size and reports a status and size per
     stream; the checksums the framing stores are then verified on the GPU
-    (:mod:`.checksums`).
+    (:mod:`.checksums`). ``isolation``: the decoder process (:mod:`..sandbox`) that streams a
+    route isolates go to (None: decoded here).
     """
 
     name = "nvcomp"
 
-    def __init__(self) -> None:
+    def __init__(self, isolation: Any = None) -> None:
+        self.isolation = isolation
         self._local = threading.local()  # nvCOMP codecs must not be shared across threads
         try:
             from nvidia import nvcomp
@@ -353,7 +355,7 @@ class GPUCodecs:
                 raise DecodeFailure(i, str(exc)) from exc
         batched = self.batched(algo)
         decoded = None
-        if isolated and batched is not None:
+        if isolated and batched is not None and self.isolation is not None:
             lens = np.array([r.size for r in raw], dtype=np.int64)
             ptrs = np.array([r.data.ptr for r in raw], dtype=np.uint64)
             problem = stream(algo).check_on_gpu(ptrs, lens.astype(np.uint64), np.asarray(expected, np.int64))
@@ -361,7 +363,7 @@ class GPUCodecs:
                 raise DecodeFailure(*problem)
             r = stream(algo).rates
             seconds = r.gpu_call + sum(expected) / r.gpu + max(expected, default=0) / r.gpu_stream
-            decoded = _in_decoder_process(algo, raw, expected, into, True, seconds)
+            decoded = _in_decoder_process(self.isolation, algo, raw, expected, into, True, seconds)
             if decoded is None:
                 return self._decode_on_host(algo, srcs, expected, into)
         elif batched is not None:
