@@ -15,9 +15,8 @@ import numpy as np
 from ..options import Options
 from .decoders import decodes_through_scratch, stream_lead
 from .locate import locate
-from .place import bytes_of, plan_boxes, prepare
+from .place import bytes_of, plan_boxes, take_located
 from .plan import ChunkPiece
-from .scatter import scatter
 from .share import WorkQueue
 from .spec import ArraySpec
 from .tasks import ChunkTask, Group
@@ -148,15 +147,9 @@ class Segment:
 
     def locate(self, read: Any) -> list[ChunkTask]:
         """Locate and plan the pieces for ``read``; the regions of missing chunks get the fill
-        value."""
-        outs = read.outs
+        value (:func:`.place.take_located`)."""
         tasks, missing = locate(self.spec, self.pieces, self.out, read)
-        if missing:
-            found = {id(t.piece) for t in tasks}
-            for p in self.pieces:
-                if id(p) not in found:
-                    scatter(read.device.xp, outs[self.out], p.out_sel, self.spec.fill_value)
-        prepare(tasks, outs[self.out])
+        take_located(read, self.out, tasks, missing)
         return tasks
 
 
@@ -251,7 +244,6 @@ class BatchSource:
         read = self.read
         if isinstance(self.items[k], Segment):
             located = self.items[k].locate(read)
-            read.report.chunks += len(located)
             self.tasks.extend(located)
             read.grow_progress(located)
             self.items[k] = located

@@ -21,15 +21,14 @@ from .tasks import ChunkTask
 
 def locate(
     spec: ArraySpec, pieces: list[ChunkPiece], out: int, read: Any = None
-) -> tuple[list[ChunkTask], int]:
-    """Find each piece's bytes; return (tasks, number of missing chunks). ``read``: the
+) -> tuple[list[ChunkTask], list[ChunkPiece]]:
+    """Find each piece's bytes; return (tasks, the pieces whose chunks are missing). ``read``: the
     :class:`~.read.Read` they are for (fetched bytes that go to a GPU as they are land in
     pinned memory: :func:`.route.lands_pinned`)."""
     if spec.source is not None:
-        tasks, missing_pieces = fetch(spec, pieces, out, read=read)
-        return tasks, len(missing_pieces)
+        return fetch(spec, pieces, out, read=read)
     tasks: list[ChunkTask] = []
-    missing = 0
+    missing: list[ChunkPiece] = []
     if spec.shard is None:
         root = os.path.join(spec.directory, "")
         for p in pieces:
@@ -38,7 +37,7 @@ def locate(
             try:
                 st = spec.stat_file(path, key)
             except FileNotFoundError:
-                missing += 1
+                missing.append(p)
                 continue
             except OSError as exc:
                 raise ChunkError(f"cannot stat chunk: {exc}", array=spec.name, chunk=key, path=path) from exc
@@ -52,7 +51,7 @@ def locate(
             indexes[shard] = read_shard_index(spec, shard, idents)
         found = inner(spec, shard, local, indexes[shard])
         if found is None:
-            missing += 1
+            missing.append(p)
             continue
         offset, nbytes, key = found
         tasks.append(

@@ -18,7 +18,7 @@ import numpy as np
 from ..runtime.buffers import pinned_buffer, thread_stream
 from .decoders import Box, decodes_into_boxes, writes_into_output
 from .plan import contiguous_span
-from .scatter import Boxes, box_copies, chunk_box, copy_bytes, place_chunk
+from .scatter import Boxes, box_copies, chunk_box, copy_bytes, place_chunk, scatter
 from .tasks import ChunkTask, Group, Placement
 
 
@@ -92,6 +92,24 @@ def prepare(tasks: list[ChunkTask], out: Any) -> None:
         check_size(t)
         plan_direct(t, out.shape)
         plan_target(t, out_bytes)
+
+
+def take_located(read: Any, i: int, found: list[ChunkTask], missing: list, shape: tuple = ()) -> None:
+    """Request ``i`` of ``read`` located: ``found`` its tasks, ``missing`` the pieces whose
+    chunks do not exist. Its output is made where it is not yet (``shape``; filled with the
+    fill value at once where any chunk is missing), else the missing pieces' regions are
+    filled; then where each task's bytes go is planned (:func:`prepare`)."""
+    spec, device = read.requests[i][0], read.device
+    if missing:
+        read.filled.add(i)
+    if read.outs[i] is None:
+        make = device.full(shape, spec.fill_value, spec.dtype) if missing else device.empty(shape, spec.dtype)
+        read.outs[i] = make
+    else:
+        for p in missing:
+            scatter(device.xp, read.outs[i], p.out_sel, spec.fill_value)
+    read.report.chunks += len(found)
+    prepare(found, read.outs[i])
 
 
 def plan_boxes(batched: list[ChunkTask], outs: list) -> None:

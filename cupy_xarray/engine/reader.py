@@ -31,7 +31,7 @@ from .execute import execute
 from .fallback import check_files, is_oom, zarr_read
 from .gather import SERVICE
 from .locate import locate
-from .place import prepare
+from .place import take_located
 from .plan import normalize_selection, output_shape, plan_chunks
 from .read import RUNNING, Read, check_memory, record_reads, recorders
 from .route import Scheduler, describe_route, stream_kind
@@ -93,13 +93,7 @@ def _run(read: Read) -> list[Any]:
             outs[i] = device.empty(oshape, spec.dtype)
             continue
         found, missing = locate(spec, pieces, i, read)
-        read.report.chunks += len(found)
-        if missing:
-            read.filled.add(i)
-            outs[i] = device.full(oshape, spec.fill_value, spec.dtype)
-        else:
-            outs[i] = device.empty(oshape, spec.dtype)
-        prepare(found, outs[i])
+        take_located(read, i, found, missing, oshape)
         tasks.extend(found)
     clock.lap("plan")
     if not tasks and not remote and not streamed:

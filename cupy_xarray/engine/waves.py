@@ -10,10 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from ..options import carried
 from .execute import execute
 from .locate import fetch, shard_indexes
-from .place import prepare
+from .place import take_located
 from .plan import ChunkPiece
 from .read import Read
-from .scatter import scatter
 from .spec import ArraySpec
 from .tasks import ChunkTask
 
@@ -62,7 +61,7 @@ def execute_waves(read: Read, remote: list[Request], size: int) -> None:
     ``waves_ahead`` option, more where waves hold few chunks so that about
     ``remote_concurrency`` requests stay in flight, at most ``fetch_ahead_bytes`` of them),
     each wave decoded while the next ones are fetched."""
-    options, device = read.options, read.device
+    options = read.options
     indexes = shard_indexes(remote)
     planned = waves(remote, size)
     per_wave = sum(len(pieces) for wave in planned for _, _, pieces in wave) / len(planned)
@@ -87,12 +86,9 @@ def execute_waves(read: Read, remote: list[Request], size: int) -> None:
             more()
             read.clock.lap("fetch wait")
             tasks: list[ChunkTask] = []
-            for i, spec, found, missing in fetched:
-                for p in missing:
-                    scatter(device.xp, read.outs[i], p.out_sel, spec.fill_value)
-                prepare(found, read.outs[i])
+            for i, _, found, missing in fetched:
+                take_located(read, i, found, missing)
                 tasks.extend(found)
-            read.report.chunks += len(tasks)
             read.grow_progress(tasks)
             if tasks:
                 execute(read, tasks, assemble=False)
