@@ -57,10 +57,11 @@ _started: set[int] = set()
 _started_lock = threading.Lock()
 
 
-def start_gpu(cupy: Any, then: Any = None) -> None:
+def start_gpu(cupy: Any, then: Any = None, before: Any = None) -> None:
     """Create the current GPU's CUDA context on a background thread, once per device, then
     run ``then()`` there (the opening of a store warms the engine so:
-    :func:`~cupy_xarray.engine.warmup.warm_engine`).
+    :func:`~cupy_xarray.engine.warmup.warm_engine`); ``before()`` runs there first, for what
+    needs no context of this process (starting the decoder process).
 
     Opening a store takes a while itself (xarray decodes its coordinates), so the first read
     finds much of it ready.
@@ -76,6 +77,8 @@ def start_gpu(cupy: Any, then: Any = None) -> None:
 
     def run() -> None:
         try:
+            if before is not None:
+                before()
             cupy.cuda.runtime.setDevice(index)
             cupy.cuda.runtime.free(0)  # the first runtime call that needs a context makes it
             if then is not None:

@@ -343,3 +343,24 @@ def test_an_arena_is_filled_in_one_launch_at_any_alignment():
     np.testing.assert_array_equal(got, expected)
     with pytest.raises(ValueError, match="past the end"):
         arena.fill([src[:100]], np.array([arena.nbytes - 50]))
+
+
+def test_the_wait_for_a_starting_process_is_known():
+    """A batch sent while the process starts would wait for it: what is left of its start is
+    known (from its spawn), and nothing once it has answered or where none was started."""
+    import time
+
+    from cupy_xarray.engine.sandbox.client import START_S, DecoderProcesses
+
+    procs = DecoderProcesses("host")
+    try:
+        assert procs.start_wait() == 0.0  # none started: nothing known to wait for
+        procs.start()
+        assert 0.0 < procs.start_wait() <= START_S
+        deadline = time.monotonic() + 60
+        while procs.start_wait() > 0.0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # it answered (its "ready" waits in the pipe) or START_S passed: nothing left to wait
+        assert procs.start_wait() == 0.0
+    finally:
+        procs.close()

@@ -663,3 +663,23 @@ def test_a_one_chunk_read_runs_on_the_calling_thread(tmp_path, monkeypatch):
     small = read_arrays([(raw, (slice(2, 6), slice(20, 40), slice(None)))], resolve_device("cpu"))[0]
     np.testing.assert_array_equal(small, zarr.open_array(raw.directory)[2:6, 20:40, :])
     assert len(seen) == 8 and set(seen) == {threading.current_thread().name}
+
+
+def test_a_starting_decoder_process_is_charged_to_the_routes_that_wait_for_it(options, c_api, paces):
+    """A read sent before the decoder process has started (a process's first read after open)
+    goes where it ends first counting that wait: a 4 GiB read of unproven zstd frames to the
+    CPU threads, with the reason, a 64 GiB one still with nvCOMP; without the wait, or with
+    the ``route_start_wait`` option off, the figures alone decide."""
+    options(decoder_process="auto")
+    starting = Scheduler(RATES, start_wait=lambda: 1.5)
+    routes, d = starting.routes(_tasks(("zstd",), 1024), at(GPU))
+    assert set(routes) == {"host"} and "the decoder process starts in 1500 ms" in d.why, d
+    huge, d = starting.routes(_tasks(("zstd",), 16384), at(GPU))
+    assert set(huge) != {"host"} and d.gpu + d.shared > 0, d
+    started = Scheduler(RATES, start_wait=lambda: 0.0)
+    assert set(started.routes(_tasks(("zstd",), 1024), at(GPU))[0]) != {"host"}
+    options(route_start_wait=False)
+    assert set(starting.routes(_tasks(("zstd",), 1024), at(GPU))[0]) != {"host"}
+    # proven frames never wait for the decoder process: they decode in this one
+    options(route_start_wait=True)
+    assert "decoder process" not in (starting.routes(_tasks(("crc32c", "zstd"), 1024), at(GPU))[1].why)

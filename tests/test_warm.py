@@ -28,10 +28,12 @@ def test_the_context_then_the_engine_start_in_the_background_once_per_device():
         done.set()
 
     cupy = _fake_cupy(9901, calls)
-    start_gpu(cupy, then)
+    start_gpu(cupy, then, before=lambda: calls.append(("before", threading.current_thread().name)))
     assert done.wait(10)
-    assert calls[:2] == [("setDevice", 9901), ("free", 0)]  # the context first
-    assert calls[2] == ("then", "cupy-xarray-cuda-start")  # then the engine, off the caller's thread
+    # what needs no context first (the decoder process), off the caller's thread
+    assert calls[0] == ("before", "cupy-xarray-cuda-start")
+    assert calls[1:3] == [("setDevice", 9901), ("free", 0)]  # then the context
+    assert calls[3] == ("then", "cupy-xarray-cuda-start")  # then the engine
     start_gpu(cupy, then)  # once per device
     assert sum(c[0] == "then" for c in calls) == 1
 

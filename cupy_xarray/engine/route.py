@@ -29,10 +29,11 @@ every chunk on the host route.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import observed
+from . import observed, sandbox
 from .decoders import Rates, compressor, decodes_on_gpu, proven, stream, stream_bytes, stream_kind
 from .rates import DEFAULT_RATES, known_rates
 
@@ -146,13 +147,22 @@ class Scheduler:
     force
         ``"host"``, ``"batch"`` or ``"share"``: one route for every chunk (tests run each on
         the CPU; ``"share"`` plans half for each end, so that both take work).
+    start_wait
+        Seconds a batch sent now would wait for the decoder process to start
+        (:func:`.sandbox.start_wait`): charged to the routes on which it decodes.
     """
 
-    def __init__(self, rates: dict[str, Rates] | None = None, force: str | None = None) -> None:
+    def __init__(
+        self,
+        rates: dict[str, Rates] | None = None,
+        force: str | None = None,
+        start_wait: Callable[[], float] = sandbox.start_wait,
+    ) -> None:
         if force not in (None, "host", "batch", "share"):
             raise ValueError(f"force must be 'host', 'batch' or 'share', got {force!r}")
         self._rates = rates
         self.force = force
+        self.start_wait = start_wait
 
     def plan(self, tasks: list[Any], read: Any) -> RoutePlan:
         """Give every located task its route."""
@@ -322,7 +332,9 @@ class Scheduler:
         whichever the pace seen so far (:mod:`.observed`) says ends first, each time charged
         what reads of that route and size took over their figures (:func:`.observed.outcome`).
         A split must end sooner than the faster processor alone by ``share_margin``:
-        coordinating two ends costs what no figure shows."""
+        coordinating two ends costs what no figure shows. Where nvCOMP decodes in the decoder
+        process, the batches and a split are charged the time it still needs to start (a
+        process's first read after open: the ``route_start_wait`` option)."""
         device = read.device
         recipe = tasks[0].spec.recipe
         r = self.rates_for(kind, device)
@@ -340,23 +352,29 @@ class Scheduler:
         def gpu(nbytes: float) -> float:  # one call: its fixed cost, or its bytes where they fill the GPU
             return max(fixed, nbytes * per)
 
+        wait = 0.0  # before the decoder process can take a batch
+        if read.options.route_start_wait and chain_route(recipe.bytes_codecs, read).isolated:
+            wait = self.start_wait()
         t_cpu = total / alone
-        t_gpu = stored / io + gpu(total)
-        # the CPU threads' share x ends with the GPU's call, x / pool = gpu(total - x): within
-        # the fixed cost, x = pool * fixed; past it, x / pool = (total - x) * per
-        x = min(total, pool * fixed)
+        t_gpu = wait + stored / io + gpu(total)
+        # the CPU threads' share x ends with the GPU's call, x / pool = wait + gpu(total - x):
+        # within the fixed cost, x = pool * (wait + fixed); past it, x / pool = wait +
+        # (total - x) * per
+        x = min(total, pool * (wait + fixed))
         if (total - x) * per > fixed:
-            x = total * per / (1 / pool + per)
+            x = min(total, (wait + total * per) / (1 / pool + per))
         size = recipe.nbytes
         x = int(x // size) * size
         front = total - x
-        t_split = stored * front / total / io + gpu(front)
+        t_split = wait + stored * front / total / io + gpu(front)
         model = {"host": t_cpu, "batch": t_gpu, "share": t_split}
         factor = {route: observed.outcome(key, chain, route, total) for route in model}
         charged = {route: t * (factor[route] or 1.0) for route, t in model.items()}
         t_cpu, t_gpu, t_split = charged["host"], charged["batch"], charged["share"]
         names = ", ".join(dict.fromkeys(t.spec.name for t in tasks))
         figures = f"reads + nvCOMP call {t_gpu * 1e3:.0f} ms, CPU threads {t_cpu * 1e3:.0f} ms"
+        if wait:
+            figures += f" (the decoder process starts in {wait * 1e3:.0f} ms)"
         best = min(t_cpu, t_gpu)
         if 0 < x < total and t_split < best * (1 - read.options.share_margin):
             route, why = "share", f"shared: {figures}, both {t_split * 1e3:.0f} ms"

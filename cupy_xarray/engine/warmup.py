@@ -56,16 +56,15 @@ def _warm_up_here(device: str, measure: bool = False) -> dict:
     return {"device": dev.name, "threads": dev.threads}
 
 
-def warm_engine(threads: int) -> None:
-    """Start what a GPU read would start itself (the CUDA context made already): the pool of
-    CPU threads, nvCOMP's library, the decoder process (it takes 1.5-2 s to load CUDA and
-    nvCOMP, so it starts now, not at the first large read) and kvikio with its threads.
-    Called on a background thread when a store is opened for the GPU."""
+def start_decoder_process() -> None:
+    """Start the GPU's decoder process, without waiting for it, where reads would use it
+    (nvCOMP's C API loads and the ``decoder_process`` option is not ``"off"``): it takes
+    1.5-2 s to load CUDA and nvCOMP, and needs no CUDA context of this process, so an open
+    starts it first (a read sent before it has started is routed counting that wait:
+    :meth:`.route.Scheduler.split`)."""
     from ..options import get_options
     from ..runtime import nvcomp
-    from . import host
 
-    host.pool(threads)
     try:  # what fails here, the read that needs it reports
         if nvcomp.enabled() and nvcomp.library() is not None and get_options().decoder_process != "off":
             from .sandbox.client import decoder_processes
@@ -73,6 +72,18 @@ def warm_engine(threads: int) -> None:
             decoder_processes("nvcomp").start()
     except Exception:  # noqa: BLE001
         pass
+
+
+def warm_engine(threads: int) -> None:
+    """Start what a GPU read would start itself (the CUDA context made already): the pool of
+    CPU threads, nvCOMP's library, the decoder process (it takes 1.5-2 s to load CUDA and
+    nvCOMP, so it starts now, not at the first large read) and kvikio with its threads.
+    Called on a background thread when a store is opened for the GPU (the decoder process
+    started already there: :func:`start_decoder_process`)."""
+    from . import host
+
+    host.pool(threads)
+    start_decoder_process()
     try:
         from .io import kvikio_enter, kvikio_exit
 

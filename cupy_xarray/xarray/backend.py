@@ -27,7 +27,7 @@ from ..engine.decoders import decode_choice
 from ..engine.devices import resolve_device
 from ..engine.plan import normalize_selection
 from ..engine.points import read_points
-from ..engine.warmup import warm_engine
+from ..engine.warmup import start_decoder_process, warm_engine
 from ..errors import StoreError, StoreNotFoundError
 from ..options import Options, carried, get_options, using
 from . import readahead
@@ -344,7 +344,8 @@ def read_settings(device: Any, threads: Any, batch_bytes: Any, decode: str | Non
         resolved = resolve_device(device, threads)  # no GPU, no cupy: say so now
         if not resolved.host_memory:
             # (with the settings in effect here: decoder_process="off" starts no decoder process)
-            start_gpu(resolved.xp, carried(functools.partial(warm_engine, resolved.threads)))
+            warm = carried(functools.partial(warm_engine, resolved.threads))
+            start_gpu(resolved.xp, warm, before=carried(start_decoder_process))
     else:
         resolved = resolve_device(device, threads)  # None, 0, False ...: refused now, not at the first load
         if isinstance(resolved, PrototypeDevice) and resolved.gpu:

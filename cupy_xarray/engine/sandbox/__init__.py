@@ -14,6 +14,6 @@ A stream that faults or hangs costs only that process: the watchdog kills it, th
 over, and the caller decodes the batch again on CPU threads (which name a damaged chunk).
 """
 
-from .client import DecoderLost, decode_batch, decoder_processes, release_arenas
+from .client import DecoderLost, decode_batch, decoder_processes, release_arenas, start_wait
 
-__all__ = ["DecoderLost", "decode_batch", "decoder_processes", "release_arenas"]
+__all__ = ["DecoderLost", "decode_batch", "decoder_processes", "release_arenas", "start_wait"]

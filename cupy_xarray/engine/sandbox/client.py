@@ -23,6 +23,9 @@ from .arena import make_arena
 
 #: seconds a new decoder process may take to start (CUDA and nvCOMP load in 1.5-2 s on an H200 host)
 START_TIMEOUT_S = 60.0
+#: seconds a decoder process takes from its spawn to its first answer (CUDA and nvCOMP
+#: loaded: 1.5-2 s on the H100 and H200 hosts), what a batch sent before then waits
+START_S = 2.0
 _SLOT = 256
 
 
@@ -57,6 +60,7 @@ class _Worker:
         )
         os.close(child_reads)
         os.close(child_writes)
+        self.started = time.monotonic()
         self.send = Connection(we_write, readable=False)
         self.answers = Connection(we_read, writable=False)
         self.ready = False
@@ -175,6 +179,21 @@ class DecoderProcesses:
         with self._lock:
             if self._current is None and self._spare is None:
                 self._spare = _Worker(self.mode)
+
+    def start_wait(self) -> float:
+        """Seconds a batch sent now would wait for the process that decodes to start: 0 where
+        one has answered (or none was started: nothing known), else what is left of
+        :data:`START_S` since it was spawned."""
+        with self._lock:
+            worker = self._current or self._spare
+            if worker is None or worker.ready or worker.lost is not None:
+                return 0.0
+            try:
+                if worker.answers.poll(0):  # its first answer is waiting
+                    return 0.0
+            except OSError:  # its pipe is closed: the batch finds it lost
+                return 0.0
+            return max(0.0, START_S - (time.monotonic() - worker.started))
 
     def fail_next(self, fault: str) -> None:
         """Make the next batch fail on purpose (``"die"`` or ``"stall"``): for tests of the
@@ -357,6 +376,14 @@ def decoder_processes(mode: str) -> DecoderProcesses:
         if p is None:
             p = _processes[mode] = DecoderProcesses(mode)
         return p
+
+
+def start_wait(mode: str = "nvcomp") -> float:
+    """Seconds a batch of ``mode`` sent now would wait for its decoder process to start
+    (:meth:`DecoderProcesses.start_wait`; 0 where none was started)."""
+    with _processes_lock:
+        procs = _processes.get(mode)
+    return 0.0 if procs is None else procs.start_wait()
 
 
 def release_arenas() -> None:
