@@ -641,13 +641,13 @@ def test_a_one_chunk_read_runs_on_the_calling_thread(tmp_path, monkeypatch):
     from cupy_xarray.engine import host as host_route
 
     seen = []
-    real = host_route._timed_job
+    real = host_route.Jobs.run_task
 
     def spy(*args):
         seen.append(threading.current_thread().name)
         return real(*args)
 
-    monkeypatch.setattr(host_route, "_timed_job", spy)
+    monkeypatch.setattr(host_route.Jobs, "run_task", spy)
     a = _store(tmp_path, "zstd", (8, 64, 64), (4, 32, 32))
     spec = array_spec(a)
     one = read_arrays([(spec, (slice(0, 4), slice(0, 32), slice(0, 32)))], resolve_device("cpu"))[0]

@@ -102,11 +102,12 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
         twins = host_twins(read, plan.on_host, source.items or plan.shared) if assemble else None
         # reads of the host route alone need no session (kvikio's setup costs every dask task)
         busy = bool(source.items) or queue is not None
-        with device.io.session(device.threads) if busy else contextlib.nullcontext() as session:
+        inline = options.inline_read_bytes
+        with device.io.session(device.threads, inline) if busy else contextlib.nullcontext() as session:
             try:
                 host_t0 = time.perf_counter()
                 outs, on = (twins, host.host_device(device)) if twins is not None else (read.outs, device)
-                jobs = host.start(plan.on_host, outs, on, options, inline=not busy)
+                jobs = host.Jobs(outs, on, options).start(plan.on_host, inline=not busy)
                 _read_batches(read, source, session, depth, jobs)
                 jobs.wait()
                 read.scheduler.saw_pool(plan.on_host, queue, read, time.perf_counter() - host_t0)
@@ -147,7 +148,7 @@ def _read_batches(read: Read, source: cut.BatchSource, session: Any, depth: int,
             source.submit(k, session)
     cpu_waits = queue is not None and len(source) > 0 and options.share_start == "decode"
     if queue is not None and not cpu_waits:  # (after the first batch is drawn)
-        host.take_from(queue, read.outs, device, options, jobs)
+        jobs.take_from(queue)
     ahead: dict = {}  # the next batch's checks, started while this one decodes
     geometry: dict = {}  # per output: its pieces' box copies (Boxes)
     b = 0
@@ -163,14 +164,14 @@ def _read_batches(read: Read, source: cut.BatchSource, session: Any, depth: int,
             read.scheduler.saw_io(source.items[0], read, time.perf_counter() - source.submitted[0])
         if cpu_waits:  # the batch's reads have landed: the CPU threads start now
             cpu_waits = False
-            host.take_from(queue, read.outs, device, options, jobs)
+            jobs.take_from(queue)
         _decode_batch(read, source, b, ahead, geometry)
         device.synchronize()  # staging memory is reused by the next batch's reads
         source.done(b)
         clock.lap("sync")
         b += 1
     if cpu_waits:  # (no batch was read after all)
-        host.take_from(queue, read.outs, device, options, jobs)
+        jobs.take_from(queue)
 
 
 def _decode_batch(read: Read, source: cut.BatchSource, b: int, ahead: dict, geometry: dict) -> None:

@@ -69,14 +69,6 @@ def fetched_bytes(task: ChunkTask, offset: int, size: int) -> np.ndarray:
     return blob_bytes(task.read_op(offset, size))
 
 
-def _timed_job(task: ChunkTask, out: Any, device: Any, jobs: Jobs) -> None:
-    t0 = time.perf_counter()
-    try:
-        _job(task, out, device, jobs.stats)
-    finally:
-        jobs._spent.append((task.spec.recipe.key, time.perf_counter() - t0))  # (append: thread-safe)
-
-
 def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
     if task.direct is not None:
         _direct_job(task, out, device)
@@ -134,12 +126,18 @@ def _direct_job(task: ChunkTask, out: Any, device: Any) -> None:
 
 
 class Jobs:
-    """The host route's jobs of one read, running."""
+    """The host route of one read: its jobs on the pool, placing into ``outs`` on ``device``
+    with the read's ``options``.
 
-    def __init__(self, stats: dict | None = None) -> None:
+    :meth:`start` runs the host route's tasks, :meth:`take_from` sets every thread on a
+    shared queue's back end; :meth:`wait` raises the first task's error.
+    """
+
+    def __init__(self, outs: list[Any], device: Any, options: Options) -> None:
+        self.outs, self.device, self.options = outs, device, options
         self._futures: list = []
         #: thread-seconds per phase (with ``CUPY_XARRAY_PROFILE=1``), else None
-        self.stats = stats
+        self.stats: dict | None = defaultdict(float) if options.profile else None
         self._spent: list[tuple[int, float]] = []  # (recipe.key, seconds) per job
         self.started = time.perf_counter()
         #: seconds from the start of the jobs to the end of the last (set by :meth:`wait`)
@@ -169,6 +167,72 @@ class Jobs:
                 f.exception()
         self._futures = []
 
+    def start(self, tasks: list[ChunkTask], inline: bool = False) -> Jobs:
+        """Start reading, decoding and placing every task on the pool; ``inline``: a read with
+        nothing else to wait for runs a single task, or a few small uncompressed ones (the
+        ``inline_bytes`` option), on the calling thread (handing a task to the pool costs a
+        thread's wake-up, which is much of a small selection's time)."""
+        if not tasks:
+            return self
+        device, options = self.device, self.options
+        device.synchronize()  # the outputs' fill values are written before other streams write
+        if not device.host_memory:
+            if all(t.blob is not None and not t.spec.recipe.bytes_codecs for t in tasks):
+                self._futures.append(run_now(self._place_fetched, tasks))
+                return self
+        if inline and _runs_inline(tasks, options):
+            for t in tasks:
+                done = run_now(self.run_task, t)
+                self._futures.append(done)
+                if done.exception() is not None:
+                    break  # the first error is the one reported; the rest need not be read
+            return self
+        p = pool(device.threads)
+        run = carried(self._run_group)  # the jobs read with this read's settings
+        self._futures = [p.submit(run, g) for g in groups(tasks, device.threads, options)]
+        return self
+
+    def take_from(self, queue: Any) -> None:
+        """Start every thread of the pool on a shared queue's back end (:mod:`.share`): each
+        takes a job of about ``job_bytes`` (a chunk at least), reads, decodes and places it,
+        and takes the next, until the queue is empty; the first error closes the queue."""
+        self.device.synchronize()  # the outputs' fill values are written before other streams write
+        run = carried(self._take)
+        p = pool(self.device.threads)
+        self._futures += [p.submit(run, queue) for _ in range(self.device.threads)]
+
+    def run_task(self, task: ChunkTask) -> None:
+        """Read, decode, check and place one task, timed."""
+        t0 = time.perf_counter()
+        try:
+            _job(task, self.outs[task.out], self.device, self.stats)
+        finally:
+            self._spent.append((task.spec.recipe.key, time.perf_counter() - t0))  # (append: thread-safe)
+
+    def _take(self, queue: Any) -> None:
+        try:
+            done = 0
+            while group := queue.take_back(self.options.job_bytes, done):
+                for t in group:
+                    self.run_task(t)
+                done = sum(t.spec.recipe.nbytes for t in group)
+        except BaseException:
+            queue.close()  # the batches take no more: the read ends with this error
+            raise
+
+    def _place_fetched(self, tasks: list[ChunkTask]) -> None:
+        t0 = time.perf_counter()
+        try:
+            place_fetched(tasks, self.outs, self.device, fetched_bytes)
+        finally:
+            self._spent.append((tasks[0].spec.recipe.key, time.perf_counter() - t0))
+
+    def _run_group(self, group: list[ChunkTask]) -> None:
+        """One job: its tasks in order, up to the first error (the one :meth:`wait` raises,
+        as groups are waited for in task order)."""
+        for t in group:
+            self.run_task(t)
+
 
 def _runs_inline(tasks: list[ChunkTask], options: Options) -> bool:
     if len(tasks) == 1:
@@ -182,65 +246,6 @@ def _runs_inline(tasks: list[ChunkTask], options: Options) -> bool:
         if total > options.inline_bytes:
             return False
     return True
-
-
-def start(
-    tasks: list[ChunkTask], outs: list[Any], device: Any, options: Options, inline: bool = False
-) -> Jobs:
-    """Start reading, decoding and placing every task on the pool; ``inline``: a read with
-    nothing else to wait for runs a single task, or a few small uncompressed ones (the
-    ``inline_bytes`` option), on the calling thread (handing a task to the pool costs a
-    thread's wake-up, which is much of a small selection's time)."""
-    jobs = Jobs(defaultdict(float) if options.profile else None)
-    if not tasks:
-        return jobs
-    device.synchronize()  # the outputs' fill values are written before other streams write
-    if not device.host_memory:
-        if all(t.blob is not None and not t.spec.recipe.bytes_codecs for t in tasks):
-            jobs._futures.append(run_now(_place_fetched, tasks, outs, device, jobs))
-            return jobs
-    if inline and _runs_inline(tasks, options):
-        for t in tasks:
-            done = run_now(_timed_job, t, outs[t.out], device, jobs)
-            jobs._futures.append(done)
-            if done.exception() is not None:
-                break  # the first error is the one reported; the rest need not be read
-        return jobs
-    p = pool(device.threads)
-    run = carried(_run_group)  # the jobs read with this read's settings
-    jobs._futures = [p.submit(run, g, outs, device, jobs) for g in groups(tasks, device.threads, options)]
-    return jobs
-
-
-def take_from(queue: Any, outs: list[Any], device: Any, options: Options, jobs: Jobs) -> None:
-    """Start every thread of the pool on a shared queue's back end (:mod:`.share`): each
-    takes a job of about ``job_bytes`` (a chunk at least), reads, decodes and places it, and
-    takes the next, until the queue is empty; the first error closes the queue."""
-    device.synchronize()  # the outputs' fill values are written before other streams write
-    run = carried(_take)
-    p = pool(device.threads)
-    per = options.job_bytes
-    jobs._futures += [p.submit(run, queue, outs, device, jobs, per) for _ in range(device.threads)]
-
-
-def _take(queue: Any, outs: list[Any], device: Any, jobs: Jobs, job_bytes: int) -> None:
-    try:
-        done = 0
-        while group := queue.take_back(job_bytes, done):
-            for t in group:
-                _timed_job(t, outs[t.out], device, jobs)
-            done = sum(t.spec.recipe.nbytes for t in group)
-    except BaseException:
-        queue.close()  # the batches take no more: the read ends with this error
-        raise
-
-
-def _place_fetched(tasks: list[ChunkTask], outs: list[Any], device: Any, jobs: Jobs) -> None:
-    t0 = time.perf_counter()
-    try:
-        place_fetched(tasks, outs, device, fetched_bytes)
-    finally:
-        jobs._spent.append((tasks[0].spec.recipe.key, time.perf_counter() - t0))
 
 
 def groups(tasks: list[ChunkTask], threads: int, options: Options) -> list[list[ChunkTask]]:
@@ -264,8 +269,3 @@ def groups(tasks: list[ChunkTask], threads: int, options: Options) -> list[list[
     return out
 
 
-def _run_group(group: list[ChunkTask], outs: list[Any], device: Any, jobs: Jobs) -> None:
-    """One job: its tasks in order, up to the first error (the one :meth:`Jobs.wait` raises,
-    as groups are waited for in task order)."""
-    for t in group:
-        _timed_job(t, outs[t.out], device, jobs)

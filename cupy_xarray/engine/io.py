@@ -2,7 +2,7 @@
 
 Two implementations of one small interface::
 
-    with io.session(threads) as s:
+    with io.session(threads, inline_bytes) as s:
         pending = s.submit(reads)    # starts the reads (or, for a few small ones, does them)
         pending.wait()               # raises ChunkError on any failure
 
@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import ChunkChangedError, ChunkError
-from ..options import get_options
 from ..runtime.pools import first_error, kept_pool, run_now
 
 
@@ -188,13 +187,14 @@ class _Pending:
 
 
 class _PosixSession:
-    def __init__(self, pool: ThreadPoolExecutor):
+    def __init__(self, pool: ThreadPoolExecutor, inline_bytes: int):
         self._pool = pool
+        self._inline = inline_bytes
 
     def submit(self, ops: list[ReadOp]) -> _Pending:
         # reads of a few bytes in all run on this thread (a hand-off to the pool and back
         # costs tens of microseconds, more than reading them), as does a single read
-        if len(ops) == 1 or sum(op.nbytes for op in ops) <= get_options().inline_read_bytes:
+        if len(ops) == 1 or sum(op.nbytes for op in ops) <= self._inline:
             return _Pending([run_now(pread_into, op) for op in ops])
         return _Pending([self._pool.submit(pread_into, op) for op in ops])
 
@@ -209,8 +209,10 @@ class PosixIO:
     name = "posix"
 
     @contextlib.contextmanager
-    def session(self, threads: int):
-        yield _PosixSession(_posix_pool(threads))
+    def session(self, threads: int, inline_bytes: int = 0):
+        """Reads on ``threads`` threads; reads of ``inline_bytes`` in all (the
+        ``inline_read_bytes`` option), or a single one, on the calling thread."""
+        yield _PosixSession(_posix_pool(threads), inline_bytes)
 
 
 # kvikio's thread pool is process-wide: raise it while reads of ours run, and restore the
@@ -362,7 +364,9 @@ class KvikioIO:
     name = "kvikio"
 
     @contextlib.contextmanager
-    def session(self, threads: int):
+    def session(self, threads: int, inline_bytes: int = 0):
+        """Reads on kvikio's pool of ``threads`` threads (``inline_bytes``: as
+        :meth:`PosixIO.session`; kvikio hands every read to its pool)."""
         try:
             import kvikio  # noqa: F401
         except ImportError as exc:
