@@ -22,7 +22,7 @@ from xarray.core import indexing
 
 from cupy_xarray.engine import array_spec, describe, read_arrays
 from cupy_xarray.engine.devices import resolve_device
-from cupy_xarray.xarray.backend import KvikioBackendArray
+from cupy_xarray.xarray.backend import KvikioBackendArray, ReadSettings
 
 EXAMPLES = int(os.environ.get("CUPY_XARRAY_EXAMPLES", "60"))
 DTYPES = ["i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "bool", "c8", "c16", "M8[s]"]
@@ -196,7 +196,7 @@ def _run(device: str, case) -> None:
             assert got.dtype == np.asarray(ref).dtype.newbyteorder("="), (sel, where)
             np.testing.assert_array_equal(got, ref, err_msg=f"{sel} {where}")
         if vector is not None:
-            backend = KvikioBackendArray(arr, "a", device)
+            backend = KvikioBackendArray(arr, "a", ReadSettings(device))
             got = host(backend[indexing.VectorizedIndexer(vector)])
             np.testing.assert_array_equal(got, _vindex(full, vector), err_msg=f"vindex {vector} {where}")
 

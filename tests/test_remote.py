@@ -755,6 +755,7 @@ def test_what_lands_in_pinned_memory(codecs, decode, pinned, without_process, mo
     spec = SimpleNamespace(recipe=SimpleNamespace(bytes_codecs=codecs))
     gpu, cpu = SimpleNamespace(name="gpu"), SimpleNamespace(name="cpu")
     monkeypatch.setattr(nvcomp, "library", lambda: object())  # as where nvCOMP's C API loads
+
     def at(device):  # a read's device, decode choice and settings
         return SimpleNamespace(device=device, decode=decode, options=get_options())
 

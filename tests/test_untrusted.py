@@ -347,7 +347,7 @@ def test_read_zarr_gds_chunked_keeps_its_options(tmp_path, device):
         cupy_xarray.read_zarr_gds(store, device=device, chunks={}, progress=True)
     ds = cupy_xarray.read_zarr_gds(store, device=device, chunks={}, batch_bytes=12345)
     lazy = _open(store, device, batch_bytes=12345)
-    assert find_backend_array(lazy.a.variable._data, KvikioBackendArray).batch_bytes == 12345
+    assert find_backend_array(lazy.a.variable._data, KvikioBackendArray).reads.batch_bytes == 12345
     assert ds.a.chunks is not None
     with pytest.raises(ValueError, match="batch_bytes must be a positive"):
         _open(store, device, batch_bytes=0)

@@ -267,5 +267,3 @@ def groups(tasks: list[ChunkTask], threads: int, options: Options) -> list[list[
     if cur:
         out.append(cur)
     return out
-
-

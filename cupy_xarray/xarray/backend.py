@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xarray.backends import BackendArray, BackendEntrypoint
@@ -65,52 +65,31 @@ class KvikioBackendArray(BackendArray):
     ----------
     zarr_array
         The open ``zarr.Array``.
-    device
-        ``"gpu"``, ``"cpu"`` or a zarr ``BufferPrototype`` (resolved at read time, so the
-        array pickles).
-    threads
-        I/O threads, or None for the default.
-    batch_bytes
-        Memory a read's batches may hold beside its output (:func:`~cupy_xarray.engine.read_arrays`).
-    decode
-        Where a GPU read decodes: ``"auto"``, ``"gpu"`` or ``"cpu"`` (None: the ``decode`` option).
-    options
-        The settings its reads use (default: those in effect now).
+    name
+        The variable's name, in errors.
+    reads
+        How it is read (:class:`ReadSettings`: the device, ``"gpu"``, ``"cpu"`` or a zarr
+        ``BufferPrototype``, resolved at read time so that the array pickles; I/O threads;
+        batch memory; ``decode``; the settings its reads use). Default: the GPU, with the
+        settings in effect now.
+    containment
+        What keeps the reads of a local store inside its root (None: a remote store).
     """
 
-    __slots__ = (
-        "_preloaded",
-        "_readahead",
-        "batch_bytes",
-        "decode",
-        "device",
-        "dtype",
-        "options",
-        "shape",
-        "spec",
-        "threads",
-    )
+    __slots__ = ("_preloaded", "_readahead", "dtype", "reads", "shape", "spec")
 
     def __init__(
         self,
         zarr_array: Any,
         name: str,
-        device: Any = "gpu",
-        threads: int | None = None,
+        reads: ReadSettings | None = None,
         containment: Containment | None = None,
-        batch_bytes: int | None = None,
-        decode: str | None = None,
-        options: Options | None = None,
     ):
-        self.options = get_options() if options is None else options
+        self.reads = ReadSettings() if reads is None else reads
         with using(self.options):  # what the array's metadata is checked against
             self.spec = array_spec(zarr_array, name=name, containment=containment)
-        self.batch_bytes = batch_bytes
-        self.decode = decode
         self.shape = self.spec.shape
         self.dtype = self.spec.dtype
-        self.device = device
-        self.threads = threads
         self._preloaded = None
         self._readahead: ReadAhead | None = None  # made by the first read that reads ahead
 
@@ -123,9 +102,19 @@ class KvikioBackendArray(BackendArray):
         for k, v in state.items():
             setattr(self, k, v)
 
+    @property
+    def options(self) -> Options:
+        """The settings its reads use."""
+        return self.reads.options
+
+    @property
+    def device(self) -> Any:
+        """Where it is read to, as given (``"gpu"``, ``"cpu"`` or a ``BufferPrototype``)."""
+        return self.reads.device
+
     def resolved_device(self) -> Device | PrototypeDevice:
         with using(self.options):
-            return resolve_device(self.device, self.threads)
+            return resolve_device(self.reads.device, self.reads.threads)
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> Any:
         if isinstance(key, indexing.VectorizedIndexer) and self._preloaded is None:
@@ -188,8 +177,8 @@ class KvikioBackendArray(BackendArray):
 
     def _read_requests(self, requests: list) -> list[Any]:
         with using(self.options):
-            device = resolve_device(self.device, self.threads)
-            return read_arrays(requests, device, batch_bytes=self.batch_bytes, decode=self.decode)
+            device = resolve_device(self.reads.device, self.reads.threads)
+            return read_arrays(requests, device, batch_bytes=self.reads.batch_bytes, decode=self.reads.decode)
 
 
 def _slots(cls: type) -> list[str]:
@@ -222,18 +211,9 @@ class KvikioStore(ZarrStore):
         var = super().open_store_variable(name, *args, **kwargs)
         zarr_array = find_backend_array(var._data, BackendArray).get_array()
         reads = self.reads
-        # dimension coordinates become pandas indexes: they are always read to the host
-        device = "cpu" if var.dims == (name,) else reads.device
-        array = KvikioBackendArray(
-            zarr_array,
-            name,
-            device,
-            reads.threads,
-            self.containment,
-            reads.batch_bytes,
-            reads.decode,
-            reads.options,
-        )
+        if var.dims == (name,):  # dimension coordinates become pandas indexes: read to the host
+            reads = replace(reads, device="cpu")
+        array = KvikioBackendArray(zarr_array, name, reads, self.containment)
         data = indexing.LazilyIndexedArray(array)
         return Variable(var.dims, data, var.attrs, var.encoding)
 
@@ -360,7 +340,7 @@ def _dataset(store: KvikioStore, decoding: dict):
         if name in ds.coords:
             array = find_backend_array(var._data, KvikioBackendArray)
             if array is not None:
-                array.device = "cpu"  # coordinates stay on the host, as in .cupy.as_cupy()
+                array.reads = replace(array.reads, device="cpu")  # coordinates stay on the host
         else:
             var._data = device_agnostic(var._data)
     return ds

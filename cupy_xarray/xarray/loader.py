@@ -12,6 +12,7 @@ import xarray as xr
 from ..engine import read_arrays
 from ..engine.devices import resolve_device
 from ..errors import StoreError
+from ..options import using
 from .backend import KvikioBackendArray
 from .cf import find_backend_array
 
@@ -144,21 +145,26 @@ def read_zarr_gds(
         for name in ds.data_vars
         if (a := find_backend_array(ds[name].variable._data, KvikioBackendArray)) is not None
     ]
-    return _load_in_one_read(ds, arrays, dev, batch_bytes, progress, decode)
+    return _load_in_one_read(ds, arrays, dev, progress)
 
 
-def _load_in_one_read(obj, arrays, dev, batch_bytes, progress, decode):
-    """``obj.load()``, its engine arrays read beforehand by one engine call."""
+def _load_in_one_read(obj, arrays, dev, progress):
+    """``obj.load()``, its engine arrays read beforehand by one engine call, with the
+    settings they were opened with (one open: the same for all of them)."""
+    if not arrays:
+        return obj.load()
     total = sum(math.prod(a.shape) * a.dtype.itemsize for a in arrays)
     if progress is None:
         progress = total > _PROGRESS_BYTES
-    outs = read_arrays(
-        [(a.spec, (slice(None),) * len(a.shape)) for a in arrays],
-        dev,
-        batch_bytes=batch_bytes,
-        progress=progress,
-        decode=decode,
-    )
+    reads = arrays[0].reads
+    with using(reads.options):
+        outs = read_arrays(
+            [(a.spec, (slice(None),) * len(a.shape)) for a in arrays],
+            dev,
+            batch_bytes=reads.batch_bytes,
+            progress=progress,
+            decode=reads.decode,
+        )
     for a, out in zip(arrays, outs):
         a._preloaded = out
     try:
@@ -209,7 +215,7 @@ def read_datatree_gds(
         for var in node.to_dataset(inherit=False).data_vars.values()
         if (a := find_backend_array(var.variable._data, KvikioBackendArray)) is not None
     ]
-    return _load_in_one_read(tree, arrays, dev, batch_bytes, progress, decode)
+    return _load_in_one_read(tree, arrays, dev, progress)
 
 
 def _select(ds: xr.Dataset, variables: Any, store: Any, group: str | None) -> xr.Dataset:
