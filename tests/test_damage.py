@@ -549,7 +549,8 @@ def test_lz4_walk_kernel_equals_the_host(count, longest):
 
 def test_decode_choice_rules(options):
     from cupy_xarray import set_options
-    from cupy_xarray.engine.decoders import decode_choice, decodes_on_gpu
+    from cupy_xarray.engine.decoders import decode_choice
+    from cupy_xarray.engine.route import decodes_on_gpu
     from cupy_xarray.options import from_environment
 
     assert decode_choice() == "auto"

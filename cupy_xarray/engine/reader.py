@@ -189,7 +189,7 @@ def read_arrays(
         Where a GPU read decodes compressed chunks: ``"auto"`` (nvCOMP for the streams it
         decodes safely, CPU threads for the others), ``"gpu"`` (nvCOMP for all: for stores
         you trust) or ``"cpu"``; default ``CUPY_XARRAY_DECODE`` or ``"auto"``
-        (:func:`~cupy_xarray.engine.decoders.decodes_on_gpu`). The values are the same.
+        (:func:`~cupy_xarray.engine.route.decodes_on_gpu`). The values are the same.
     scheduler
         Gives each chunk its route (:class:`~cupy_xarray.engine.route.Scheduler`); default
         large groups shared by both processors (:mod:`.share`).
@@ -213,18 +213,22 @@ def read_arrays(
     show = progress or options.progress
     sched = scheduler or _scheduler(options.force_route)
     nbytes = _output_bytes(normalized)
+    # one read of these requests (or of those gathered with them), every choice made
+    reading = functools.partial(
+        Read, device=device, options=options, decode=choice, batch_bytes=size, progress=show, scheduler=sched
+    )
     if _gathers(device, nbytes, show, options):
 
         def read(some: list) -> tuple[list, list]:
             with record_reads() as reports:
-                outs = _read_now(some, device, options, choice, size, show, sched)
+                outs = _read_now(reading(some))
             return outs, reports
 
         key = (id(device), choice, size, id(sched), options)
         return SERVICE.read(
             normalized, nbytes, key, read, recorders.get(), options.gather_wait, options.gather_bytes
         )
-    return _read_now(normalized, device, options, choice, size, show, sched)
+    return _read_now(reading(normalized))
 
 
 def _output_bytes(requests: list) -> int:
@@ -241,16 +245,9 @@ def _gathers(device: Any, nbytes: int, progress: bool, options: Any) -> bool:
     return nbytes <= options.gather_read_bytes
 
 
-def _read_now(
-    normalized: list,
-    device: Any,
-    options: Any,
-    decode: str,
-    batch_bytes: int | None,
-    progress: bool,
-    scheduler: Any,
-) -> list[Any]:
-    read = Read(normalized, device, options, decode, batch_bytes, progress, scheduler)
+def _read_now(read: Read) -> list[Any]:
+    """Run ``read``; a failure gives its memory back at once, and one that ran out of memory
+    says what to do."""
     try:
         return _read(read)
     except BaseException as exc:
@@ -258,9 +255,9 @@ def _read_now(
         # their locals so a failed read gives its GPU memory back at once
         traceback.clear_frames(exc.__traceback__)
         if is_oom(exc) and not isinstance(exc, OutOfMemoryError):
-            names = ", ".join(repr(spec.name) for spec, _ in normalized[:5])
+            names = ", ".join(repr(spec.name) for spec, _ in read.requests[:5])
             raise OutOfMemoryError(
-                f"out of {getattr(device, 'name', 'device')} memory while reading {names} ({exc}); "
+                f"out of {getattr(read.device, 'name', 'device')} memory while reading {names} ({exc}); "
                 "open the store lazily with chunks={...} or select a subset before loading"
             ) from None
         raise

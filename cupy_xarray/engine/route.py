@@ -18,7 +18,7 @@ says; fetched bytes land in pinned memory where they go to the GPU as they are
 
 ``decode="gpu"`` sends every compressed chunk of a GPU read to nvCOMP, ``"cpu"`` every one
 to CPU threads. ``"auto"`` sends to nvCOMP only the streams it decodes safely
-(:func:`~.decoders.decodes_on_gpu`, or in the decoder process), and sends each group of
+(:func:`decodes_on_gpu`, or in the decoder process), and sends each group of
 those to the processor that ends it first, or splits it between both where that ends sooner
 (:meth:`Scheduler.split`, at the pace this process's reads saw: :mod:`.observed`; a split's
 chunks wait in one queue, ``"share"``: :mod:`.share`). A group too small for one nvCOMP call
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import observed, sandbox
-from .decoders import Rates, compressor, decodes_on_gpu, proven, stream, stream_bytes, stream_kind
+from .decoders import Rates, compressor, proven, stream, stream_bytes, stream_kind
 from .rates import DEFAULT_RATES, known_rates
 
 log = logging.getLogger("cupy_xarray")
@@ -488,6 +488,20 @@ def chain_route(codecs: tuple[str, ...], read: Any) -> Route:
     if not isolating and not decodes_on_gpu(kind, "auto", proven(codecs)):
         return Route("host", decoder, isolated, stream(kind).host_only or "decoded safely on the CPU")
     return Route(None, decoder, isolated)
+
+
+def decodes_on_gpu(kind: str, decode: str = "auto", proven: bool = False) -> bool:
+    """Whether a GPU read hands ``kind``'s streams to nvCOMP in this process (else: CPU
+    threads, then a copy).
+
+    ``decode="auto"`` gives nvCOMP the streams it decodes safely after the engine's checks
+    (a decoder's :attr:`~.decoders.base.StreamDecoder.host_only` says why not): gzip and zlib,
+    LZ4, Blosc's LZ4 blocks, and zstd frames whose stored bytes a crc32c proved (``proven``).
+    ``"gpu"`` hands nvCOMP everything (for stores you trust: the fastest), ``"cpu"`` nothing.
+    """
+    if decode == "cpu":
+        return False
+    return decode == "gpu" or proven or not stream(kind).host_only
 
 
 def decoder_process_on(device: Any, options: Any) -> bool:

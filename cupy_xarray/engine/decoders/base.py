@@ -195,13 +195,6 @@ class StreamDecoder:
         ``expected`` bytes (into ``into`` where given), verifying the checksum it stores."""
         raise NotImplementedError
 
-    def on_gpu(self, decode: str, proven: bool) -> bool:
-        """Whether a GPU read hands these streams to nvCOMP (else: CPU threads and a copy);
-        ``proven``: a crc32c checked the stored bytes first."""
-        if decode == "cpu":
-            return False
-        return decode == "gpu" or not self.host_only
-
     def stored_checksums(self, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which streams carry a :attr:`checksum` and its stored values, from the first and last
         8 bytes of each framed stream (a ``(count, 16)`` array)."""

@@ -40,17 +40,6 @@ def decode_choice(value: str | None = None) -> str:
     return value
 
 
-def decodes_on_gpu(kind: str, decode: str = "auto", proven: bool = False) -> bool:
-    """Whether a GPU read hands ``kind``'s streams to nvCOMP (else: CPU threads, then a copy).
-
-    ``decode="auto"`` gives nvCOMP the streams it decodes safely after the engine's checks
-    (each decoder's :attr:`~.base.StreamDecoder.host_only` says why not): gzip and zlib, Blosc's
-    LZ4 blocks, and zstd frames whose stored bytes a crc32c proved (``proven``). ``"gpu"`` hands
-    nvCOMP everything (for stores you trust: the fastest), ``"cpu"`` nothing.
-    """
-    return stream(kind).on_gpu(decode, proven)
-
-
 def compressor(codecs: tuple[str, ...]) -> str | None:
     """The chain's compressor (the codec that is not ``crc32c``), or None."""
     return next((c for c in codecs if c != "crc32c"), None)

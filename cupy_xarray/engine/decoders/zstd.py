@@ -119,9 +119,6 @@ class Zstd(StreamDecoder):
     def walk(self, xp: Any, buffer: Any, offs: np.ndarray, lens: np.ndarray) -> np.ndarray:
         return frame_lengths(xp, buffer, offs, lens)
 
-    def on_gpu(self, decode: str, proven: bool) -> bool:
-        return decode == "gpu" or (decode == "auto" and proven)
-
     def decode_host(self, src: np.ndarray, expected: int, into: np.ndarray | None = None) -> np.ndarray:
         from numcodecs import zstd
 
