@@ -331,9 +331,9 @@ class GPUCodecs:
         isolated: bool = False,
     ) -> Decoded:
         """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`): with nvCOMP,
-        or with ``on_gpu=False`` on CPU threads (the scheduler's choice,
-        :func:`~cupy_xarray.engine.route.nvcomp_decodes`), then copied to the device.
-        ``isolated``: nvCOMP runs in the decoder process; where that process is lost (a
+        or with ``on_gpu=False`` on CPU threads (the group's route: ``Route.nvcomp``), then
+        copied to the device. ``isolated`` (``Route.isolated``): nvCOMP runs in the decoder
+        process (this object's ``isolation``); where that process is lost (a
         damaged stream made it fault or hang), the batch is decoded again on CPU threads."""
         if not on_gpu:
             return self._decode_on_host(algo, srcs, expected, into)
