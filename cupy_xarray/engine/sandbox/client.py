@@ -184,16 +184,17 @@ class DecoderProcesses:
         """Seconds a batch sent now would wait for the process that decodes to start: 0 where
         one has answered (or none was started: nothing known), else what is left of
         :data:`START_S` since it was spawned."""
-        with self._lock:
-            worker = self._current or self._spare
-            if worker is None or worker.ready or worker.lost is not None:
+        # (without the lock: a batch holds it while it waits for the process to start, and
+        # routing must not wait with it; a worker that answers meanwhile is ready the sooner)
+        worker = self._current or self._spare
+        if worker is None or worker.ready or worker.lost is not None:
+            return 0.0
+        try:
+            if worker.answers.poll(0):  # its first answer is waiting
                 return 0.0
-            try:
-                if worker.answers.poll(0):  # its first answer is waiting
-                    return 0.0
-            except OSError:  # its pipe is closed: the batch finds it lost
-                return 0.0
-            return max(0.0, START_S - (time.monotonic() - worker.started))
+        except (OSError, ValueError):  # its pipe is closed: the batch finds it lost
+            return 0.0
+        return max(0.0, START_S - (time.monotonic() - worker.started))
 
     def fail_next(self, fault: str) -> None:
         """Make the next batch fail on purpose (``"die"`` or ``"stall"``): for tests of the
