@@ -10,8 +10,9 @@ A read's chunks are grouped by recipe, and the :class:`Scheduler` gives each chu
     Read, decoded and checked by one CPU thread, then placed into the output (copied to
     the GPU for a GPU read) (:mod:`.host`).
 
-A batch group's streams are decoded by nvCOMP or by CPU threads as :func:`nvcomp_decodes`
-says; fetched bytes land in pinned memory where they go to the GPU as they are
+Each group of one recipe gets one frozen :class:`Route` (way, who decodes its streams, whether
+in the decoder process, why), which the decoders follow (:class:`~.tasks.Group` carries it);
+fetched bytes land in pinned memory where they go to the GPU as they are
 (:func:`lands_pinned`); large uncompressed reads are planned batch by batch
 (:meth:`Scheduler.streams`); arrays the engine does not decode go to zarr-python
 (``ArraySpec.fallback``, decided when the array is opened).
