@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..runtime import nvcomp
 from . import observed, sandbox
 from .decoders import Rates, compressor, proven, stream, stream_bytes, stream_kind
 from .rates import DEFAULT_RATES, known_rates
@@ -509,14 +510,15 @@ def decoder_process_on(device: Any, options: Any) -> bool:
     """Whether unproven streams may go to the decoder process (:mod:`.sandbox`): the
     ``decoder_process`` option; on a GPU where nvCOMP's C API can be used, on the CPU only
     when asked for (``"on"``: CPU decoders behind the same machinery, as CI runs it)."""
-    mode = options.decoder_process
-    if mode == "off":
-        return False
     if getattr(device, "name", None) == "gpu":
-        from ..runtime import nvcomp
+        return gpu_decoder_process_on(options)
+    return options.decoder_process == "on"
 
-        return nvcomp.enabled() and nvcomp.library() is not None
-    return mode == "on"
+
+def gpu_decoder_process_on(options: Any) -> bool:
+    """Whether a GPU read's unproven streams may go to the decoder process: the
+    ``decoder_process`` option is not ``"off"`` and nvCOMP's C API can be used here."""
+    return options.decoder_process != "off" and nvcomp.enabled() and nvcomp.library() is not None
 
 
 def isolable(codecs: tuple[str, ...]) -> bool:

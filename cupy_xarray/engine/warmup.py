@@ -63,10 +63,10 @@ def start_decoder_process() -> None:
     starts it first (a read sent before it has started is routed counting that wait:
     :meth:`.route.Scheduler.split`)."""
     from ..options import get_options
-    from ..runtime import nvcomp
+    from .route import gpu_decoder_process_on
 
     try:  # what fails here, the read that needs it reports
-        if nvcomp.enabled() and nvcomp.library() is not None and get_options().decoder_process != "off":
+        if gpu_decoder_process_on(get_options()):
             from .sandbox.client import decoder_processes
 
             decoder_processes("nvcomp").start()

@@ -177,7 +177,7 @@ class KvikioBackendArray(BackendArray):
 
     def _read_requests(self, requests: list) -> list[Any]:
         with using(self.options):
-            device = resolve_device(self.reads.device, self.reads.threads)
+            device = self.resolved_device()
             return read_arrays(requests, device, batch_bytes=self.reads.batch_bytes, decode=self.reads.decode)
 
 
