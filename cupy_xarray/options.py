@@ -89,7 +89,7 @@ class Options:
     share_start: str = "decode"
     share_margin: float = 0.1
     route_explore: float = 0.0
-    route_start_wait: bool = False
+    route_start_wait: bool = True
     force_route: str = "auto"
     kept_buffer_bytes: int = 64 * 2**20
     small_read_bytes: int = 64 * 2**20

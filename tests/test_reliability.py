@@ -388,8 +388,8 @@ def test_reads_in_threads_overlap(tmp_path, monkeypatch, device, choice):
     inner = dev.io.session
 
     @contextlib.contextmanager
-    def meeting_session(threads):
-        with inner(threads) as s:
+    def meeting_session(*args):
+        with inner(*args) as s:
             both_inside.wait()  # broken (an error) unless the other read is inside too
             yield s
 

@@ -669,7 +669,7 @@ def test_a_starting_decoder_process_is_charged_to_the_routes_that_wait_for_it(op
     """A read sent before the decoder process has started (a process's first read after open)
     goes where it ends first counting that wait: a 4 GiB read of unproven zstd frames to the
     CPU threads, with the reason, a 64 GiB one still with nvCOMP; without the wait, or with
-    the ``route_start_wait`` option off (the default), the figures alone decide."""
+    the ``route_start_wait`` option off (it is on by default), the figures alone decide."""
     options(decoder_process="auto", route_start_wait=True)
     starting = Scheduler(RATES, start_wait=lambda: 1.5)
     routes, d = starting.routes(_tasks(("zstd",), 1024), at(GPU))

@@ -3,8 +3,12 @@ read would otherwise wait for."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from types import SimpleNamespace
+
+import pytest
 
 from cupy_xarray.device import start_gpu
 from cupy_xarray.engine import host
@@ -45,3 +49,22 @@ def test_warm_engine_starts_the_pool_and_leaves_no_setting_changed(options):
     before = get_options()
     warm_engine(3)  # on a machine without nvCOMP or kvikio: the pool alone, no error
     assert 3 in host._pools and get_options() == before
+
+
+@pytest.mark.gpu
+def test_warm_engine_readies_page_locked_memory_for_the_first_small_read():
+    """A small first read copies from page-locked memory: the warm start makes cupy's pinned
+    pool hold a block (and so imports cupyx, a few hundred ms that read would wait for)."""
+    code = (
+        "import cupy\n"
+        "cupy.cuda.runtime.free(0)\n"
+        "pool = cupy.get_default_pinned_memory_pool()\n"
+        "before = pool.n_free_blocks()\n"
+        "from cupy_xarray.engine.warmup import warm_engine\n"
+        "warm_engine(2)\n"
+        "print(before, pool.n_free_blocks())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    before, after = map(int, out.stdout.split()[-2:])
+    assert before == 0 and after >= 1

@@ -75,13 +75,19 @@ def start_decoder_process() -> None:
 
 
 def warm_engine(threads: int) -> None:
-    """Start what a GPU read would start itself (the CUDA context made already): the pool of
-    CPU threads, nvCOMP's library, the decoder process (it takes 1.5-2 s to load CUDA and
-    nvCOMP, so it starts now, not at the first large read) and kvikio with its threads.
-    Called on a background thread when a store is opened for the GPU (the decoder process
-    started already there: :func:`start_decoder_process`)."""
+    """Start what a GPU read would start itself (the CUDA context made already): page-locked
+    memory (cupyx's import, 0.2-0.6 s, which a process's first small read otherwise waits
+    for), the pool of CPU threads, nvCOMP's library, the decoder process (it takes 1.5-2 s to
+    load CUDA and nvCOMP, so it starts now, not at the first large read) and kvikio with its
+    threads. Called on a background thread when a store is opened for the GPU (the decoder
+    process started already there: :func:`start_decoder_process`)."""
+    from ..runtime.buffers import pinned_buffer
     from . import host
 
+    try:
+        pinned_buffer(1)
+    except Exception:  # noqa: BLE001 - the read that needs it reports what is wrong
+        pass
     host.pool(threads)
     start_decoder_process()
     try:
