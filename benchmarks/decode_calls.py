@@ -122,6 +122,7 @@ def through_process(kind: str, srcs: list, expected: int, repeat: int, cuts: lis
     import cupy
 
     from cupy_xarray.engine.sandbox.client import decode_batch
+    from cupy_xarray.options import get_options
 
     gb = len(srcs) * expected / 1e9
     for k in cuts:
@@ -131,7 +132,9 @@ def through_process(kind: str, srcs: list, expected: int, repeat: int, cuts: lis
         def one(part, steps=steps):
             seconds: dict = {}
             batch = [srcs[i] for i in part]
-            outs, _ = decode_batch(kind, batch, [expected] * len(part), None, True, 1.0, None, seconds)
+            outs, _ = decode_batch(
+                kind, batch, [expected] * len(part), None, True, 1.0, None, seconds, options=get_options()
+            )
             steps.append(seconds)
 
         def run(parts=parts):

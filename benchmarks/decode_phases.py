@@ -62,6 +62,7 @@ def sandbox_alone(path: Path, name: str) -> None:
 
     from cupy_xarray.engine.decoders.registry import stream
     from cupy_xarray.engine.sandbox.client import decode_batch
+    from cupy_xarray.options import get_options
 
     kind = STREAM_KINDS.get(name.split()[0])
     if kind is None:
@@ -75,7 +76,9 @@ def sandbox_alone(path: Path, name: str) -> None:
         best = float("inf")
         for _ in range(4):
             t0 = time.perf_counter()
-            outs, _keep = decode_batch(kind, srcs, [expected] * len(srcs), target, True, 1.0)
+            outs, _keep = decode_batch(
+                kind, srcs, [expected] * len(srcs), target, True, 1.0, options=get_options()
+            )
             cupy.cuda.Device().synchronize()
             best = min(best, time.perf_counter() - t0)
             del outs, _keep

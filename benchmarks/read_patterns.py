@@ -178,6 +178,7 @@ def ceilings(path: Path, name: str, threads: int) -> dict:
 
     from cupy_xarray.engine.decoders.registry import stream
     from cupy_xarray.engine.sandbox.client import decode_batch
+    from cupy_xarray.options import get_options
     from cupy_xarray.runtime.nvcomp import batched_decoder
 
     arr = zarr.open_array(path / "field", mode="r")
@@ -208,7 +209,7 @@ def ceilings(path: Path, name: str, threads: int) -> dict:
         srcs = [cupy.asarray(decoder.deframe(b)) for b in blobs]
 
         def nvcomp_alone():  # decoded into the arena (no copy out); checked sizes and statuses
-            outs, _ = decode_batch(kind, srcs, [expected] * len(srcs), None, True, 1.0)
+            outs, _ = decode_batch(kind, srcs, [expected] * len(srcs), None, True, 1.0, options=get_options())
             cupy.cuda.Device().synchronize()
 
         paths["nvCOMP alone"] = nvcomp_alone

@@ -82,6 +82,7 @@ def ceiling_paths(url: str, keys: list[str]) -> dict:
     from zarr.storage import FsspecStore
 
     from cupy_xarray.engine.remote import RemoteSource, Request
+    from cupy_xarray.options import get_options
 
     fs = fsspec.filesystem("http", skip_instance_cache=True)
     urls = [f"{url}/field/{k}" for k in keys]
@@ -91,10 +92,10 @@ def ceiling_paths(url: str, keys: list[str]) -> dict:
         return fs.cat(urls, batch_size=256)
 
     def engine_fetch():
-        return source.fetch([Request(k) for k in keys])
+        return source.fetch([Request(k) for k in keys], get_options())
 
     def engine_fetch_pinned():
-        return source.fetch([Request(k) for k in keys], pinned=True)
+        return source.fetch([Request(k) for k in keys], get_options(), pinned=True)
 
     return {
         "ceiling: fsspec GETs": fsspec_cat,

@@ -111,8 +111,12 @@ def is_dask_array(x: Any) -> bool:
     return type(x).__module__.startswith("dask") and hasattr(x, "_meta")
 
 
-def _block_to_host(block: Any) -> np.ndarray:
-    return block.get() if is_cupy_array(block) else np.asarray(block)
+def to_host(x: Any) -> np.ndarray:
+    """``x`` in host memory: a cupy array copied there, anything else as a NumPy array."""
+    return x.get() if is_cupy_array(x) else np.asarray(x)
+
+
+_block_to_host = to_host
 
 
 def host_copy(data: Any) -> Any:
@@ -171,7 +175,7 @@ class Device:
         return np.asarray(x)
 
     def to_host(self, x: Any) -> np.ndarray:
-        return x.get() if is_cupy_array(x) else np.asarray(x)
+        return to_host(x)
 
     def free_bytes(self) -> int | None:
         """Memory a read may still allocate here (None when unknown)."""

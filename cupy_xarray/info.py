@@ -49,13 +49,13 @@ def info_lines() -> list[str]:
     try:
         from .engine.decoders import decode_choice
 
-        choice = decode_choice()
+        choice = decode_choice(None, get_options())
     except ValueError as exc:
         choice = f"invalid: {exc}"
     lines.append(f"decode        {choice} (CUPY_XARRAY_DECODE or decode=: where GPU reads decode chunks)")
     from .engine import rates
 
-    path = rates.cache_path()
+    path = rates.cache_path(get_options())
     known = sorted({k.rsplit("|", 1)[-1] for k in rates.load(path)})
     measure = "cupy_xarray.warm_up(measure=True) measures them"
     rates = f"measured for {', '.join(known)}" if known else f"none measured: built-in figures ({measure})"

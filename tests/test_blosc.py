@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numcodecs
 import numpy as np
 import pytest
@@ -11,9 +13,11 @@ from conftest import expected_type, host, module_of
 from cupy_xarray.engine import array_spec, describe, read_arrays
 from cupy_xarray.engine.decoders import blosc as eb
 from cupy_xarray.engine.devices import resolve_device
+from cupy_xarray.engine.read import Clock
 from cupy_xarray.engine.route import Route
 from cupy_xarray.errors import ChunkError
 from cupy_xarray.formats import blosc as fb
+from cupy_xarray.options import get_options
 
 SHUFFLES = {
     "noshuffle": numcodecs.Blosc.NOSHUFFLE,
@@ -59,7 +63,8 @@ def test_chunk_decoding_matches_numcodecs(device, cname, shuffle, typesize, clev
     dev = resolve_device(device)
     buffer = dev.asarray(buf)
     route = Route("batch", "nvcomp" if device == "gpu" else "cpu")  # the batch decoders of each device
-    _, views = eb.decode_chunks(buffer, lay, 1, expected, dev, route)
+    read = SimpleNamespace(device=dev, clock=Clock(), options=get_options())
+    _, views = eb.decode_chunks(buffer, lay, 1, expected, read, route)
     got = host(views[0])
     np.testing.assert_array_equal(got, np.frombuffer(codec.decode(encoded), dtype=np.uint8))
 

@@ -550,25 +550,23 @@ def test_lz4_walk_kernel_equals_the_host(count, longest):
 def test_decode_choice_rules(options):
     from cupy_xarray import set_options
     from cupy_xarray.engine.decoders import decode_choice
-    from cupy_xarray.engine.route import decodes_on_gpu
-    from cupy_xarray.options import from_environment
+    from cupy_xarray.engine.route import safe_on_gpu
+    from cupy_xarray.options import from_environment, get_options
 
-    assert decode_choice() == "auto"
+    assert decode_choice(None, get_options()) == "auto"
     options(decode="cpu")
-    assert decode_choice() == "cpu" and decode_choice("gpu") == "gpu"
+    assert decode_choice(None, get_options()) == "cpu" and decode_choice("gpu", get_options()) == "gpu"
     assert from_environment({"CUPY_XARRAY_DECODE": "gpu"}).decode == "gpu"
     with pytest.raises(ValueError, match="CUPY_XARRAY_DECODE"):
         from_environment({"CUPY_XARRAY_DECODE": "fast"})
     with pytest.raises(ValueError, match="'auto', 'gpu' or 'cpu'"):
         set_options(decode="fast")
     with pytest.raises(ValueError, match="'auto', 'gpu' or 'cpu'"):
-        decode_choice("nvcomp")
+        decode_choice("nvcomp", get_options())
     # auto: nvCOMP only where its output is checked or its input proven
-    assert decodes_on_gpu("gzip") and decodes_on_gpu("zlib") and decodes_on_gpu("lz4-block")
-    assert not decodes_on_gpu("zstd") and decodes_on_gpu("zstd", proven=True)
-    assert decodes_on_gpu("lz4")  # (by cost: small reads stay on CPU threads)
-    assert all(decodes_on_gpu(a, "gpu") for a in ("zstd", "lz4", "gzip", "zlib", "lz4-block"))
-    assert not any(decodes_on_gpu(a, "cpu", True) for a in ("zstd", "lz4", "gzip", "zlib", "lz4-block"))
+    assert safe_on_gpu("gzip") and safe_on_gpu("zlib") and safe_on_gpu("lz4-block")
+    assert not safe_on_gpu("zstd") and safe_on_gpu("zstd", proven=True)
+    assert safe_on_gpu("lz4")  # (by cost: small reads stay on CPU threads)
 
 
 def test_wrong_decode_choice_fails_at_open(tmp_path):

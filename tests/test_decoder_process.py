@@ -21,6 +21,12 @@ from cupy_xarray.engine.decoders.base import DecodeFailure
 from cupy_xarray.engine.devices import resolve_device
 from cupy_xarray.engine.sandbox import DecoderLost, decode_batch, decoder_processes
 from cupy_xarray.errors import ChunkError
+from cupy_xarray.options import get_options
+
+
+def _decode(srcs, expected, into):
+    """zstd streams decoded in the CPU decoder process, with the settings in effect."""
+    return decode_batch("zstd", srcs, expected, into, False, 0.01, options=get_options())
 
 
 def _streams(count=6, n=40000):
@@ -35,10 +41,10 @@ def test_batches_decode_in_the_process_and_come_back_equal():
     data, srcs = _streams()
     procs = decoder_processes("host")
     before = procs.batches
-    outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+    outs, _ = _decode(srcs, [len(d) for d in data], None)
     assert [o.tobytes() for o in outs] == data
     into = [np.empty(len(d), np.uint8) for d in data]
-    outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], into, False, 0.01)
+    outs, _ = _decode(srcs, [len(d) for d in data], into)
     assert all(o is t for o, t in zip(outs, into)) and [t.tobytes() for t in into] == data
     assert procs.batches == before + 2
 
@@ -48,14 +54,14 @@ def test_a_lost_process_is_named_bounded_and_replaced(fault, options):
     options(decoder_timeout=1.0, decoder_min_wait=0.5)
     data, srcs = _streams()
     procs = decoder_processes("host")
-    decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # started, with a spare
+    _decode(srcs, [len(d) for d in data], None)  # started, with a spare
     lost = procs.lost
     procs.fail_next(fault)
     t0 = time.perf_counter()
     with pytest.raises(DecoderLost, match="died" if fault == "die" else "did not answer within 0.5 s"):
-        decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+        _decode(srcs, [len(d) for d in data], None)
     assert time.perf_counter() - t0 < 5 and procs.lost == lost + 1
-    outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # the spare took over
+    outs, _ = _decode(srcs, [len(d) for d in data], None)  # the spare took over
     assert [o.tobytes() for o in outs] == data
 
 
@@ -66,13 +72,13 @@ def _rotated(data, srcs, k):
 def test_batches_from_several_threads_are_in_flight_at_once():
     # each thread's answer must come back to it: the batches differ, so a mixed-up answer fails
     data, srcs = _streams(count=8)
-    decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # started
+    _decode(srcs, [len(d) for d in data], None)  # started
     results: dict = {}
 
     def one(k):
         want, got = _rotated(data, srcs, k)
         for _ in range(3):
-            outs, _ = decode_batch("zstd", got, [len(d) for d in want], None, False, 0.01)
+            outs, _ = _decode(got, [len(d) for d in want], None)
             results.setdefault(k, []).append([o.tobytes() for o in outs] == want)
 
     threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
@@ -87,7 +93,7 @@ def test_a_stall_loses_every_batch_in_flight_once(options):
     options(decoder_timeout=1.0, decoder_min_wait=0.5)
     data, srcs = _streams(count=4)
     procs = decoder_processes("host")
-    decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # started, with a spare
+    _decode(srcs, [len(d) for d in data], None)  # started, with a spare
     lost = procs.lost
     procs.fail_next("stall")
     outcomes: list = []
@@ -95,7 +101,7 @@ def test_a_stall_loses_every_batch_in_flight_once(options):
     def one(k):
         want, got = _rotated(data, srcs, k)
         try:
-            outs, _ = decode_batch("zstd", got, [len(d) for d in want], None, False, 0.01)
+            outs, _ = _decode(got, [len(d) for d in want], None)
             outcomes.append([o.tobytes() for o in outs] == want)
         except DecoderLost as exc:
             outcomes.append(str(exc))
@@ -111,7 +117,7 @@ def test_a_stall_loses_every_batch_in_flight_once(options):
     assert lost_here and all(o is True for o in outcomes if isinstance(o, bool)), outcomes
     assert any("did not answer within" in o for o in lost_here), outcomes
     assert procs.lost == lost + 1  # one process lost, however many batches it held
-    outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)  # the spare
+    outs, _ = _decode(srcs, [len(d) for d in data], None)  # the spare
     assert [o.tobytes() for o in outs] == data
 
 
@@ -121,12 +127,12 @@ def test_a_stream_that_does_not_decode_is_named_by_its_index():
     bad[4] = bad[4].copy()
     bad[4][:4] = 0  # no zstd frame
     with pytest.raises(DecodeFailure) as info:
-        decode_batch("zstd", bad, [len(d) for d in data], None, False, 0.01)
+        _decode(bad, [len(d) for d in data], None)
     assert info.value.index == 4
     wrong = [len(d) for d in data]
     wrong[2] += 8  # a stream that decodes to less than the chunk must hold
     with pytest.raises(DecodeFailure, match=f"{wrong[2]} bytes") as info:
-        decode_batch("zstd", srcs, wrong, None, False, 0.01)
+        _decode(srcs, wrong, None)
     assert info.value.index == 2
 
 
@@ -277,7 +283,7 @@ def test_an_arena_is_kept_for_the_next_batch_then_freed(options):
     pool.release()
     made = pool.made
     for _ in range(3):
-        outs, _ = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+        outs, _ = _decode(srcs, [len(d) for d in data], None)
         assert [o.tobytes() for o in outs] == data
         del outs, _
     assert pool.made == made + 1  # one arena, mapped once by the process, for the three batches
@@ -292,7 +298,7 @@ def test_no_arena_is_kept_with_no_linger(options):
     options(arena_linger=0)
     data, srcs = _streams()
     decoder_processes("host").arenas.release()
-    outs, owner = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+    outs, owner = _decode(srcs, [len(d) for d in data], None)
     assert [o.tobytes() for o in outs] == data
     del outs, owner
     assert not _shm_files()
@@ -301,11 +307,11 @@ def test_no_arena_is_kept_with_no_linger(options):
 def test_decoded_bytes_held_by_the_caller_are_not_overwritten(options):
     options(arena_linger=5)
     data, srcs = _streams()
-    first, owner = decode_batch("zstd", srcs, [len(d) for d in data], None, False, 0.01)
+    first, owner = _decode(srcs, [len(d) for d in data], None)
     other_data, other = _rotated(data, srcs, 3)
     # the same sizes: a free arena would fit, so the first one must not be free while held
     for _ in range(2):
-        second, _ = decode_batch("zstd", other, [len(d) for d in other_data], None, False, 0.01)
+        second, _ = _decode(other, [len(d) for d in other_data], None)
         assert [o.tobytes() for o in second] == other_data
     assert [o.tobytes() for o in first] == data
     del first, owner

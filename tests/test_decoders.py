@@ -59,9 +59,15 @@ def test_host_decode_refuses_a_stream_that_decodes_to_the_wrong_size(kind):
 
 
 def test_decode_choices_follow_each_decoders_safety_rule():
-    from cupy_xarray.engine.route import decodes_on_gpu
+    from types import SimpleNamespace
+
+    from cupy_xarray.engine.route import chain_route, safe_on_gpu
+    from cupy_xarray.options import get_options
 
     for kind, decoder in registry.STREAMS.items():
-        assert decodes_on_gpu(kind, "gpu") and not decodes_on_gpu(kind, "cpu", True)
-        assert decodes_on_gpu(kind, "auto") == (not decoder.host_only)
-    assert decodes_on_gpu("zstd", "auto", proven=True)
+        assert safe_on_gpu(kind) == (not decoder.host_only)
+    assert safe_on_gpu("zstd", proven=True)
+    gpu = SimpleNamespace(name="gpu")
+    for codecs in [("zstd",), ("lz4",), ("gzip",), ("zlib",), ("blosc-lz4",), ("crc32c", "zstd")]:
+        reads = {d: SimpleNamespace(device=gpu, decode=d, options=get_options()) for d in ("gpu", "cpu")}
+        assert chain_route(codecs, reads["gpu"]).nvcomp and not chain_route(codecs, reads["cpu"]).nvcomp

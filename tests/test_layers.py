@@ -135,3 +135,27 @@ def test_only_the_device_and_the_route_ask_the_devices_name():
         if rel not in allowed:
             found += [f"{rel}: {m.group(0)}" for m in asked.finditer(path.read_text())]
     assert not found, found
+
+
+def test_the_engine_reads_the_process_settings_only_at_its_entry_points():
+    """Inside ``engine/`` a read's settings come from the read (``read.options``, carried to
+    its stages, its decoders, the decoder process's limits and its fetchers): only the entry
+    points ask for the settings in effect."""
+    entry = {
+        ("engine/reader.py", "read_arrays"),
+        ("engine/reader.py", "describe"),
+        ("engine/devices.py", "resolve_device"),
+        ("engine/warmup.py", "_warm_up_here"),
+    }
+    found = set()
+    for path in sorted((PACKAGE / "engine").rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for call in ast.walk(fn):
+                if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "get_options":
+                    found.add((rel, fn.name))
+    assert found <= entry, sorted(found - entry)
+    assert ("engine/reader.py", "read_arrays") in found  # the walk sees the calls

@@ -473,7 +473,7 @@ def test_staging_alive_at_once_is_two_batches_worth(tmp_path, device, compressor
     request = (array_spec(a, name="v"), (slice(None),) * 3)
     batch = 16 * 1024
     # another read counted as running (as dask's tasks are, side by side)
-    beside = RUNNING.running(Clock(dev)) if crowded else contextlib.nullcontext()
+    beside = RUNNING.running(Clock()) if crowded else contextlib.nullcontext()
     with beside:
         (got,) = read_arrays([request], dev, batch_bytes=batch, scheduler=Scheduler(force="batch"))
     np.testing.assert_array_equal(host(got), data)

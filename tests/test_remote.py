@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -147,17 +148,17 @@ def test_http_store_through_the_stores_own_client(http, monkeypatch, device, opt
 
     url = f"{http.url}/s.zarr"
     ds = xr.open_dataset(url, engine="kvikio", device=device)
-    assert isinstance(ds.zstd.variable._data.array.array.array.spec.source.http, HTTPFetcher)
+    assert isinstance(ds.zstd.variable._data.array.array.array.spec.source.http(get_options()), HTTPFetcher)
     options(threaded_http=False)
     ds = xr.open_dataset(url, engine="kvikio", device=device)
-    assert ds.zstd.variable._data.array.array.array.spec.source.http is None
+    assert ds.zstd.variable._data.array.array.array.spec.source.http(get_options()) is None
     xr.testing.assert_identical(ds.load().cupy.as_numpy(), xr.open_dataset(url, engine="zarr").load())
     # options only fsspec's client knows keep its fetches
     opts = {"client_kwargs": {"trust_env": False}}
     ds = xr.open_dataset(url, engine="kvikio", device=device, storage_options=opts)
     options(threaded_http=True)
     ds = xr.open_dataset(url, engine="kvikio", device=device, storage_options=opts)
-    assert ds.zstd.variable._data.array.array.array.spec.source.http is None
+    assert ds.zstd.variable._data.array.array.array.spec.source.http(get_options()) is None
     xr.testing.assert_identical(ds.load().cupy.as_numpy(), xr.open_dataset(url, engine="zarr").load())
 
 
@@ -771,8 +772,10 @@ def test_only_the_threaded_fetcher_lands_bytes_pinned(http, tmp_path):
     from zarr.storage import FsspecStore, MemoryStore
 
     url = f"{http.url}/s.zarr"
-    assert remote.RemoteSource(FsspecStore.from_url(url, read_only=True), "tiles", "tiles").lands_pinned
-    assert not remote.RemoteSource(MemoryStore(), "tiles", "tiles").lands_pinned
+    fetched = remote.RemoteSource(FsspecStore.from_url(url, read_only=True), "tiles", "tiles")
+    assert fetched.lands_pinned(get_options())
+    assert not remote.RemoteSource(MemoryStore(), "tiles", "tiles").lands_pinned(get_options())
+    assert not fetched.lands_pinned(replace(get_options(), threaded_http=False))
 
 
 def test_a_dripping_body_is_held_to_the_deadline(http, options):

@@ -119,7 +119,7 @@ def test_the_pace_seen_moves_the_route(paces, monkeypatch):
     """What reads saw decides: a GPU seen slow sends a large zstd read to CPU threads, CPU
     threads seen slow send it to nvCOMP; between them both share it."""
     s = Scheduler(RATES)
-    key = sch.device_key(GPU)
+    key = sch.seen_on(at(GPU))
     tasks = _tasks(("zstd",), 1024)
     monkeypatch.setattr(observed, "saw_gpu", lambda *a, f=observed.saw_gpu: f(*a) or f(*a))
     monkeypatch.setattr(observed, "saw_pool", lambda *a, f=observed.saw_pool: f(*a) or f(*a))
@@ -141,8 +141,8 @@ def test_the_pace_seen_moves_the_route(paces, monkeypatch):
 def test_the_margin_keeps_a_split_that_gains_little_away(paces, options):
     s = Scheduler(RATES)
     tasks = _tasks(("zstd",), 1024)
-    _saw("pool", sch.device_key(GPU), "zstd", 8 * 10**9, 1.0)
-    _saw("gpu", sch.device_key(GPU), "zstd", 2.0, 1.0)
+    _saw("pool", sch.seen_on(at(GPU)), "zstd", 8 * 10**9, 1.0)
+    _saw("gpu", sch.seen_on(at(GPU)), "zstd", 2.0, 1.0)
     assert s.split(tasks, at(GPU), "zstd").route == "share"
     options(share_margin=0.99)
     assert s.split(tasks, at(GPU), "zstd").route in ("host", "batch")
@@ -156,7 +156,7 @@ def test_a_route_that_ran_slower_than_its_figures_is_charged_for_it(paces, c_api
     """A split that took three times its figures is not chosen again for reads of that size
     (reads of another size keep their own factor); the route chosen instead keeps the reads
     once it ran as figured. Nothing is learned before the route's processors warmed up."""
-    s, key = Scheduler(RATES), sch.device_key(GPU)
+    s, key = Scheduler(RATES), sch.seen_on(at(GPU))
     assert s.plan(_planned(1024), at(GPU, "auto")).model is None  # nothing warm yet
     _saw("pool", key, "zstd", 8 * 10**9, 1.0)
     _saw("gpu", key, "zstd", 2.0, 1.0)
@@ -181,7 +181,7 @@ def test_a_close_route_is_tried_once_at_a_size(paces, c_api, options):
     """With ``route_explore``, a processor alone never read at a size whose figures come
     close to the learned route's time is tried once; whichever then ran faster keeps the
     reads. Without it, or where its figures are further off, it is not tried."""
-    s, key = Scheduler(RATES), sch.device_key(GPU)
+    s, key = Scheduler(RATES), sch.seen_on(at(GPU))
     _saw("pool", key, "zstd", 8 * 10**9, 1.0)
     _saw("gpu", key, "zstd", 2.0, 1.0)
     tasks = _planned(64)
@@ -210,7 +210,7 @@ def test_a_close_route_is_tried_once_at_a_size(paces, c_api, options):
 def test_the_threads_pace_beside_the_batches_is_kept_apart(paces):
     """The CPU threads slowed beside the batches do not make them look slow alone: the pace
     of a shared queue's back is its own figure."""
-    s, key = Scheduler(RATES), sch.device_key(GPU)
+    s, key = Scheduler(RATES), sch.seen_on(at(GPU))
     _saw("pool", key, "zstd", 8 * 10**9, 1.0)
     _saw("gpu", key, "zstd", 20.0, 1.0)  # a slow GPU: the threads alone
     assert s.split(_planned(1024), at(GPU), "zstd").route == "host"
@@ -293,15 +293,15 @@ def test_rates_are_measured_once_and_cached(tmp_path, monkeypatch, options):
     real = cal.calibrate
     monkeypatch.setattr(cal, "calibrate", lambda kind, dev: calls.append(kind) or real(kind, dev))
     cpu = resolve_device("cpu")
-    r = cal.rates("gzip", cpu)
+    r = cal.rates("gzip", cpu, get_options())
     assert r.measured and r.host_thread > 1e6 and calls == ["gzip"]
     stored = json.loads((tmp_path / "decode-rates.json").read_text())
     (key,) = stored
     assert key.endswith("|gzip") and stored[key]["host_thread"] == r.host_thread
     monkeypatch.setattr(cal, "_cache", {})  # a new process: the file answers
-    assert cal.rates("gzip", cpu) == r and calls == ["gzip"]
+    assert cal.rates("gzip", cpu, get_options()) == r and calls == ["gzip"]
     options(calibrate=False)
-    assert cal.rates("zstd", cpu) == sch.DEFAULT_RATES["zstd"] and calls == ["gzip"]
+    assert cal.rates("zstd", cpu, get_options()) == sch.DEFAULT_RATES["zstd"] and calls == ["gzip"]
 
 
 def test_reads_never_measure_rates(tmp_path, monkeypatch, options):
@@ -311,12 +311,12 @@ def test_reads_never_measure_rates(tmp_path, monkeypatch, options):
     monkeypatch.setattr(cal, "_cache", {})
     monkeypatch.setattr(cal, "calibrate", lambda kind, dev: pytest.fail("a read measured rates"))
     cpu = resolve_device("cpu")
-    assert cal.known_rates("gzip", cpu) == sch.DEFAULT_RATES["gzip"]
+    assert cal.known_rates("gzip", at(cpu)) == sch.DEFAULT_RATES["gzip"]
     measured = cal.Rates(1e9, 10e9, 1e9, 1e-3, True, host_pool=8e9)
     key = f"{cal.machine_key(cpu)}|gzip"
     (tmp_path / "decode-rates.json").write_text(json.dumps({key: cal.asdict(measured)}))
     monkeypatch.setattr(cal, "_cache", {})
-    assert cal.known_rates("gzip", cpu) == measured
+    assert cal.known_rates("gzip", at(cpu)) == measured
 
 
 def test_warm_up_measures_the_rates_when_asked(tmp_path, monkeypatch, options):
@@ -330,7 +330,7 @@ def test_warm_up_measures_the_rates_when_asked(tmp_path, monkeypatch, options):
     stored = json.loads((tmp_path / "decode-rates.json").read_text())
     assert {k.rsplit("|", 1)[-1] for k in stored} == set(cal.STREAMS)
     assert all(v["measured"] for v in stored.values())
-    assert cal.known_rates("zstd", resolve_device("cpu")).measured
+    assert cal.known_rates("zstd", at(resolve_device("cpu"))).measured
 
 
 def test_calibration_keeps_the_nvcomp_figures_of_blosc_blocks():
@@ -592,17 +592,16 @@ def test_reads_beside_other_reads_are_marked_crowded():
     a read alone again is not."""
     from cupy_xarray.engine.read import RUNNING, Clock
 
-    cpu = resolve_device("cpu")
-    clock = Clock(cpu)
+    clock = Clock()
     with RUNNING.running(clock):
         pass
     assert not clock.crowded
-    first, second = Clock(cpu), Clock(cpu)
+    first, second = Clock(), Clock()
     with RUNNING.running(first):
         with RUNNING.running(second):  # a second read starts while the first runs
             pass
     assert first.crowded and second.crowded
-    alone = Clock(cpu)
+    alone = Clock()
     with RUNNING.running(alone):
         pass
     assert not alone.crowded

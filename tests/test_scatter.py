@@ -13,6 +13,9 @@ from cupy_xarray.engine.scatter import box_copies, place_chunk
 from cupy_xarray.engine.spec import ChunkRecipe
 from cupy_xarray.options import get_options
 
+#: the settings' limits on the 2-D copies of a box (``box_max_copies``, ``box_min_row``)
+LIMITS = (get_options().box_max_copies, get_options().box_min_row)
+
 
 def _apply(copies, src: bytes, out: np.ndarray) -> None:
     """What ``cudaMemcpy2DAsync`` does for each copy, on host bytes."""
@@ -49,9 +52,8 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize("shape, chunks, dtype", LAYOUTS)
-def test_box_copies_place_what_the_scatter_places(shape, chunks, dtype, options):
+def test_box_copies_place_what_the_scatter_places(shape, chunks, dtype):
     # the geometry, whatever the limits on copies and row widths
-    options(box_max_copies=10**9, box_min_row=0)
     rng = np.random.default_rng(len(shape))
     recipe = ChunkRecipe(shape=chunks, dtype=np.dtype(dtype))
     src = np.frombuffer(rng.integers(0, 100, size=chunks).astype(dtype).tobytes(), np.uint8)
@@ -62,7 +64,7 @@ def test_box_copies_place_what_the_scatter_places(shape, chunks, dtype, options)
         for piece in plan_chunks(nsel, shape, chunks):
             want = np.zeros(oshape, dtype)
             place_chunk(np, want, src, recipe, piece)
-            copies = box_copies(recipe, piece, oshape)
+            copies = box_copies(recipe, piece, oshape, 10**9, 0)
             strided = any(isinstance(s, slice) and s.step not in (None, 1) for s in piece.chunk_sel)
             if copies is None:
                 assert strided, piece
@@ -112,30 +114,30 @@ def test_narrow_rows_and_many_copies_are_left_to_the_scatter():
     recipe = ChunkRecipe(shape=chunks, dtype=np.dtype("f4"))
     sel = normalize_selection((slice(None), slice(0, 3), slice(0, 3), slice(None)), shape)
     (piece,) = plan_chunks(sel, shape, chunks)
-    assert box_copies(recipe, piece, (20, 3, 3, 256)) is None  # 20 copies of 3 rows
+    assert box_copies(recipe, piece, (20, 3, 3, 256), *LIMITS) is None  # 20 copies of 3 rows
     sel = normalize_selection((slice(0, 4), slice(0, 3), slice(0, 3), slice(None)), shape)
     (piece,) = plan_chunks(sel, shape, chunks)
-    assert len(box_copies(recipe, piece, (4, 3, 3, 256))) == 4 <= get_options().box_max_copies
+    assert len(box_copies(recipe, piece, (4, 3, 3, 256), *LIMITS)) == 4 <= get_options().box_max_copies
     # whole planes and rows fold into one copy: 40 rows of 3 KiB
     chunks = (40, 4, 256)
     recipe = ChunkRecipe(shape=chunks, dtype=np.dtype("f4"))
     (piece,) = plan_chunks(
         normalize_selection((slice(None), slice(0, 3), slice(None)), chunks), chunks, chunks
     )
-    assert box_copies(recipe, piece, (40, 3, 256)) == [(0, 0, 3072, 40, 4096, 3072)]
+    assert box_copies(recipe, piece, (40, 3, 256), *LIMITS) == [(0, 0, 3072, 40, 4096, 3072)]
     narrow = ChunkRecipe(shape=(64, 32), dtype=np.dtype("f4"))
     (piece,) = plan_chunks(normalize_selection((slice(0, 8), slice(0, 16)), (64, 32)), (64, 32), (64, 32))
-    assert box_copies(narrow, piece, (8, 16)) is None  # 64-byte rows
+    assert box_copies(narrow, piece, (8, 16), *LIMITS) is None  # 64-byte rows
 
 
 def test_pieces_that_are_not_boxes_are_left_to_the_scatter():
     recipe = ChunkRecipe(shape=(4, 32), dtype=np.dtype("f4"))
     (piece,) = plan_chunks(normalize_selection((slice(None), slice(0, 32, 2)), (4, 32)), (4, 32), (4, 32))
-    assert box_copies(recipe, piece, (4, 16)) is None
+    assert box_copies(recipe, piece, (4, 16), *LIMITS) is None
     swapped = ChunkRecipe(shape=(4, 32), dtype=np.dtype("f4"), byteorder=">" if np.little_endian else "<")
     (whole,) = plan_chunks(normalize_selection((slice(None),) * 2, (4, 32)), (4, 32), (4, 32))
-    assert box_copies(swapped, whole, (4, 32)) is None
-    assert box_copies(recipe, whole, (4, 32)) == [(0, 0, 512, 1, 512, 512)]
+    assert box_copies(swapped, whole, (4, 32), *LIMITS) is None
+    assert box_copies(recipe, whole, (4, 32), *LIMITS) == [(0, 0, 512, 1, 512, 512)]
 
 
 def _boxes_against_scatter(xp, shape, chunks, dtype, seed):

@@ -47,7 +47,7 @@ def test_warm_engine_starts_the_pool_and_leaves_no_setting_changed(options):
     from cupy_xarray.options import get_options
 
     before = get_options()
-    warm_engine(3)  # on a machine without nvCOMP or kvikio: the pool alone, no error
+    warm_engine(3, before)  # on a machine without nvCOMP or kvikio: the pool alone, no error
     assert 3 in host._pools and get_options() == before
 
 
@@ -61,7 +61,8 @@ def test_warm_engine_readies_page_locked_memory_for_the_first_small_read():
         "pool = cupy.get_default_pinned_memory_pool()\n"
         "before = pool.n_free_blocks()\n"
         "from cupy_xarray.engine.warmup import warm_engine\n"
-        "warm_engine(2)\n"
+        "from cupy_xarray.options import get_options\n"
+        "warm_engine(2, get_options())\n"
         "print(before, pool.n_free_blocks())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

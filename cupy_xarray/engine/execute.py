@@ -18,6 +18,7 @@ from typing import Any
 from . import batches as cut
 from . import host
 from .decoders import decode_group, prepare_group, prepares, while_decoding
+from .devices import resolve_device
 from .place import copy_twins, host_twins, place_group, plan_boxes
 from .read import Read
 from .route import RoutePlan
@@ -25,12 +26,12 @@ from .share import WorkQueue
 from .tasks import ChunkTask, Group
 
 
-def _start_ahead(groups: list[Group], device: Any) -> bool:
+def _start_ahead(groups: list[Group], read: Read) -> bool:
     """Start what the groups need before their decode (:func:`.decoders.prepare_group`), on
     the current stream; whether any group had something to start."""
     started = False
     for group in groups:
-        prepare_group(group, device)
+        prepare_group(group, read)
         started = started or group.ready is not None
     return started
 
@@ -46,7 +47,7 @@ def _ahead(groups: list[Group], waiter: Any, read: Read, state: dict):
         try:
             waiter.wait()
             with device.side_stream():
-                state["started"] = _start_ahead(groups, device)
+                state["started"] = _start_ahead(groups, read)
         except BaseException as exc:  # noqa: BLE001 - raised once the decode it overlaps is done
             state["error"] = exc
         finally:
@@ -62,11 +63,11 @@ def _finish(groups: list[Group], read: Read, geometry: dict) -> None:
     for group in groups:
         t0, ahead = time.perf_counter(), clock.ahead
         if group.recipe.bytes_codecs:
-            decode_group(group, read.device, clock)
+            decode_group(group, read)
             spent = time.perf_counter() - t0 - (clock.ahead - ahead)
             clock.groups[group.recipe.key] += spent
             read.scheduler.saw_gpu(group, read, spent)
-        place_group(group, read.outs, read.device, geometry)
+        place_group(group, read, geometry)
         clock.lap("scatter")
         group.release()
 
@@ -106,13 +107,15 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
         with device.io.session(device.threads, inline) if busy else contextlib.nullcontext() as session:
             try:
                 host_t0 = time.perf_counter()
-                outs, on = (twins, host.host_device(device)) if twins is not None else (read.outs, device)
+                # (twins: the host route's CPU device assembles them, on the same threads)
+                on = resolve_device("cpu", device.threads) if twins is not None else device
+                outs = twins if twins is not None else read.outs
                 jobs = host.Jobs(outs, on, options).start(plan.on_host, inline=not busy)
                 _read_batches(read, source, session, depth, jobs)
                 jobs.wait()
                 read.scheduler.saw_pool(plan.on_host, queue, read, time.perf_counter() - host_t0)
                 if twins is not None:
-                    copy_twins(twins, read.outs, device)
+                    copy_twins(twins, read)
                 read.clock.lap("host route")
                 read.clock.stats.update(jobs.stats or {})
                 read.advance(plan.on_host)
@@ -178,10 +181,9 @@ def _decode_batch(read: Read, source: cut.BatchSource, b: int, ahead: dict, geom
     """Decode and place batch ``b``, whose reads have landed; where the next batch has checks
     to start (Blosc's layout, on the side stream), start them once its reads land, while this
     one decodes."""
-    device = read.device
     groups = source.groups(b)
     if not ahead.pop("started", False):
-        _start_ahead(groups, device)
+        _start_ahead(groups, read)
     # (the next batch is located: it was submitted before this one was waited for)
     nxt = source.groups(b + 1) if b + 1 < len(source) else None
     if nxt is None or not any(prepares(g) for g in nxt):

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import numpy as np
 
 from ..containment import regular_shards
-from ..device import Device, PrototypeDevice
+from ..device import PrototypeDevice
 from ..errors import ChunkError
 from .locate import check_chunk_file
 from .plan import output_shape, plan_chunks
@@ -54,10 +55,12 @@ def check_files(spec: ArraySpec, selection: tuple) -> None:
         check_chunk_file(spec, st, key, path, decoded)
 
 
-def zarr_read(spec: ArraySpec, selection: tuple, device: Device | PrototypeDevice):
-    """Read through zarr-python's own codec pipeline (codecs the engine does not decode)."""
+def zarr_read(spec: ArraySpec, selection: tuple, read: Any):
+    """Read through zarr-python's own codec pipeline (codecs the engine does not decode), onto
+    the read's device."""
     from ..device import buffer_prototype, empty_on
 
+    device = read.device
     shape = output_shape(selection, spec.shape)
     if 0 in shape:  # zarr-python refuses empty integer selections; there is nothing to read
         return empty_on(device, shape, spec.dtype)

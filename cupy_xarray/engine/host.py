@@ -57,72 +57,9 @@ def pool(threads: int) -> ThreadPoolExecutor:
         return p
 
 
-def host_device(device: Any) -> Any:
-    """The CPU device whose jobs assemble a GPU read on the host (the same threads)."""
-    from .devices import resolve_device
-
-    return resolve_device("cpu", device.threads)
-
-
 def fetched_bytes(task: ChunkTask, offset: int, size: int) -> np.ndarray:
     """``size`` of a task's fetched bytes from ``offset``."""
     return blob_bytes(task.read_op(offset, size))
-
-
-def _job(task: ChunkTask, out: Any, device: Any, stats: dict | None) -> None:
-    if task.direct is not None:
-        _direct_job(task, out, device)
-        return
-    recipe = task.spec.recipe
-    copied = not device.host_memory  # to the GPU, from this thread's page-locked buffers
-    t0 = time.perf_counter()
-    lo, hi = (0, task.nbytes) if recipe.bytes_codecs else task.stored_span()
-    if task.blob is not None:  # fetched: decoded or copied from where it landed
-        stored = fetched_bytes(task, task.offset, task.nbytes)
-    else:
-        # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
-        stored = thread_buffer("stored", task.nbytes, pinned=copied and not recipe.bytes_codecs)
-        if hi > lo:
-            pread_into(task.read_op(task.offset + lo, hi - lo, stored[lo:hi]))
-    t1 = time.perf_counter()
-    data = stored
-    if recipe.bytes_codecs:
-        # on a GPU, the thread's own pinned buffer: a pinned allocation per chunk costs more
-        # than decoding a small one, and the copies end before the thread's next job
-        target = None if copied else task.target
-        final = target if target is not None else thread_buffer("decoded", recipe.nbytes + 8, pinned=copied)
-        data = decode_on_host(task, stored, final)
-    t2 = time.perf_counter()
-    if len(data) < recipe.nbytes:
-        raise task.error(f"chunk holds {len(data)} bytes, expected {recipe.nbytes}")
-    if not copied and task.target is not None and data.ctypes.data == task.target.ctypes.data:
-        return  # decoded straight into the output
-    place_from_host(task, data, out, device)
-    if stats is not None:
-        stats["host pread (thread-s)"] += t1 - t0
-        if copied:
-            stats["host decode (thread-s)"] += t2 - t1
-            stats["host to GPU (thread-s)"] += time.perf_counter() - t2
-
-
-def _direct_job(task: ChunkTask, out: Any, device: Any) -> None:
-    """A piece whose stored bytes are one run of the output: read straight into a host
-    output, or into the thread's pinned buffer (a fetched one: from where it landed) and
-    copied once into a GPU one."""
-    file_off, n, dst = task.direct
-    if not n:
-        return
-    op = task.read_op(file_off, n)
-    if device.host_memory:
-        op.dest = out.reshape(-1).view(np.uint8)[dst : dst + n]
-        pread_into(op)
-        return
-    if task.blob is not None:
-        src = np.ascontiguousarray(blob_bytes(op))
-    else:
-        src = op.dest = thread_buffer("stored", n, pinned=True)
-        pread_into(op)
-    place_from_host(task, src, out, device)
 
 
 class Jobs:
@@ -205,9 +142,68 @@ class Jobs:
         """Read, decode, check and place one task, timed."""
         t0 = time.perf_counter()
         try:
-            _job(task, self.outs[task.out], self.device, self.stats)
+            self._job(task, self.outs[task.out])
         finally:
             self._spent.append((task.spec.recipe.key, time.perf_counter() - t0))  # (append: thread-safe)
+
+    def _job(self, task: ChunkTask, out: Any) -> None:
+        """Read, decode and place one task on this thread."""
+        device, stats = self.device, self.stats
+        if task.direct is not None:
+            self._direct_job(task, out)
+            return
+        recipe = task.spec.recipe
+        copied = not device.host_memory  # to the GPU, from this thread's page-locked buffers
+        t0 = time.perf_counter()
+        lo, hi = (0, task.nbytes) if recipe.bytes_codecs else task.stored_span()
+        if task.blob is not None:  # fetched: decoded or copied from where it landed
+            stored = fetched_bytes(task, task.offset, task.nbytes)
+        else:
+            # uncompressed chunks go to the GPU from this buffer: pinned (a pageable copy is 7x slower)
+            stored = thread_buffer("stored", task.nbytes, pinned=copied and not recipe.bytes_codecs)
+            if hi > lo:
+                pread_into(task.read_op(task.offset + lo, hi - lo, stored[lo:hi]))
+        t1 = time.perf_counter()
+        data = stored
+        if recipe.bytes_codecs:
+            # on a GPU, the thread's own pinned buffer: a pinned allocation per chunk costs more
+            # than decoding a small one, and the copies end before the thread's next job
+            target = None if copied else task.target
+            final = (
+                target if target is not None else thread_buffer("decoded", recipe.nbytes + 8, pinned=copied)
+            )
+            data = decode_on_host(task, stored, final)
+        t2 = time.perf_counter()
+        if len(data) < recipe.nbytes:
+            raise task.error(f"chunk holds {len(data)} bytes, expected {recipe.nbytes}")
+        if not copied and task.target is not None and data.ctypes.data == task.target.ctypes.data:
+            return  # decoded straight into the output
+        place_from_host(task, data, out, device, self.options)
+        if stats is not None:
+            stats["host pread (thread-s)"] += t1 - t0
+            if copied:
+                stats["host decode (thread-s)"] += t2 - t1
+                stats["host to GPU (thread-s)"] += time.perf_counter() - t2
+
+    def _direct_job(self, task: ChunkTask, out: Any) -> None:
+        """A piece whose stored bytes are one run of the output: read straight into a host
+        output, or into the thread's pinned buffer (a fetched one: from where it landed) and
+        copied once into a GPU one."""
+        device = self.device
+        file_off, n, dst = task.direct
+        if not n:
+            return
+        op = task.read_op(file_off, n)
+        if device.host_memory:
+            op.dest = out.reshape(-1).view(np.uint8)[dst : dst + n]
+            pread_into(op)
+            return
+        if task.blob is not None:
+            src = np.ascontiguousarray(blob_bytes(op))
+        else:
+            src = op.dest = thread_buffer("stored", n, pinned=True)
+            pread_into(op)
+        place_from_host(task, src, out, device, self.options)
 
     def _take(self, queue: Any) -> None:
         try:
@@ -223,7 +219,7 @@ class Jobs:
     def _place_fetched(self, tasks: list[ChunkTask]) -> None:
         t0 = time.perf_counter()
         try:
-            place_fetched(tasks, self.outs, self.device, fetched_bytes)
+            place_fetched(tasks, self.outs, self.device, self.options, fetched_bytes)
         finally:
             self._spent.append((tasks[0].spec.recipe.key, time.perf_counter() - t0))
 

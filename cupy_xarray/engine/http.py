@@ -25,8 +25,6 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import numpy as np
 
-from ..options import get_options
-
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _local = threading.local()
@@ -40,11 +38,12 @@ def _left(deadline: float, timeout: float) -> float:
     return left
 
 
-def _threads() -> ThreadPoolExecutor:
+def _threads(threads: int) -> ThreadPoolExecutor:
+    """The process's fetch threads: made once, at the first fetch (``threads``: its read's
+    ``http_threads`` option)."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            threads = get_options().http_threads  # the process's pool: made once, at the first fetch
             _pool = ThreadPoolExecutor(threads, thread_name_prefix="cupy-xarray-http")
         return _pool
 
@@ -291,10 +290,12 @@ class HTTPFetcher:
         if conn is not None:
             conn.close()
 
-    def fetch_all(self, jobs: list[tuple[Any, ...]], attempt_one) -> list[Any]:
-        """Run ``attempt_one(job)`` for each job on the fetch threads; results in order. After
-        a failure, the jobs not started yet are cancelled and the first error is raised."""
-        futures = [_threads().submit(attempt_one, job) for job in jobs]
+    def fetch_all(self, jobs: list[tuple[Any, ...]], attempt_one, threads: int) -> list[Any]:
+        """Run ``attempt_one(job)`` for each job on the fetch threads (``threads`` of them
+        where the process has none yet); results in order. After a failure, the jobs not
+        started yet are cancelled and the first error is raised."""
+        pool = _threads(threads)
+        futures = [pool.submit(attempt_one, job) for job in jobs]
         out, first = [], None
         for f in futures:
             if first is not None and f.cancel():

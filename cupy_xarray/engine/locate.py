@@ -26,7 +26,7 @@ def locate(
     :class:`~.read.Read` they are for (fetched bytes that go to a GPU as they are land in
     pinned memory: :func:`.route.lands_pinned`)."""
     if spec.source is not None:
-        return fetch(spec, pieces, out, read=read)
+        return fetch(spec, pieces, out, read)
     tasks: list[ChunkTask] = []
     missing: list[ChunkPiece] = []
     if spec.shard is None:
@@ -106,24 +106,24 @@ def fetch(
     spec: ArraySpec,
     pieces: list[ChunkPiece],
     out: int,
+    read: Any,
     indexes: dict | None = None,
-    read: Any = None,
 ) -> tuple[list[ChunkTask], list[ChunkPiece]]:
     """:func:`locate` for a remote store: fetch the pieces' objects (whole chunks; for sharded
     arrays the shards' indexes, then their inner chunks' ranges, neighbours coalesced).
     Returns (tasks, the pieces whose chunks do not exist). ``indexes``: shard indexes already
     fetched (filled in; default the source's own, kept while the dataset is open); ``read``:
-    the :class:`~.read.Read` they are for (:func:`.route.lands_pinned`)."""
+    the :class:`~.read.Read` they are for (its settings; :func:`.route.lands_pinned`)."""
     from .remote import Request, coalesce
 
-    source = spec.source
-    pinned = read is not None and lands_pinned(spec, read)
+    source, options = spec.source, read.options
+    pinned = lands_pinned(spec, read)
     tasks: list[ChunkTask] = []
     missing: list[ChunkPiece] = []
     if spec.shard is None:
         keys = [spec.chunk_key(p.coords) for p in pieces]
         most = stored_bound(spec.recipe.nbytes)
-        blobs = source.fetch([Request(k, most=most) for k in keys], pinned=pinned)
+        blobs = source.fetch([Request(k, most=most) for k in keys], options, pinned=pinned)
         for p, key, blob in zip(pieces, keys, blobs):
             if blob is None:
                 missing.append(p)
@@ -132,7 +132,7 @@ def fetch(
         return tasks, missing
     where = places(spec, pieces)
     cache = source.shard_indexes if indexes is None else indexes
-    known = known_indexes(spec, [shard for shard, _ in where], cache)
+    known = known_indexes(spec, [shard for shard, _ in where], cache, options)
     wanted: dict[tuple[int, ...], list[tuple[ChunkPiece, int, int, str]]] = {}
     for p, (shard, local) in zip(pieces, where):
         found = inner(spec, shard, local, known[shard])
@@ -143,12 +143,13 @@ def fetch(
     requests, members, names = [], [], []
     bound = shard_bound(spec)
     for shard, items in wanted.items():
-        for start, end, held in coalesce([(o, o + n) for _, o, n, _ in items]):
+        ranges = [(o, o + n) for _, o, n, _ in items]
+        for start, end, held in coalesce(ranges, options.coalesce_gap, options.coalesce_max):
             requests.append(Request(spec.chunk_key(shard), start, end, most=bound))
             members.append((shard, start, held))
             # an answer cut short names the first inner chunk it does not hold whole
             names.append(sorted((o + n - start, key) for _, o, n, key in (wanted[shard][i] for i in held)))
-    blobs = source.fetch(requests, names, pinned=pinned)
+    blobs = source.fetch(requests, options, names, pinned=pinned)
     for (shard, start, held), blob, req in zip(members, blobs, requests):
         for i in held:
             p, offset, nbytes, key = wanted[shard][i]
@@ -164,9 +165,9 @@ def fetch(
     return tasks, missing
 
 
-def known_indexes(spec: ArraySpec, shards: list[tuple[int, ...]], cache: dict) -> dict:
+def known_indexes(spec: ArraySpec, shards: list[tuple[int, ...]], cache: dict, options: Any) -> dict:
     """The index of each shard (None: no such shard): from ``cache`` where it is kept, the
-    others fetched at once and kept there."""
+    others fetched at once (with the read's settings ``options``) and kept there."""
     known, new = {}, []
     for sh in dict.fromkeys(shards):
         index = cache.get((id(spec), sh), _UNKNOWN)
@@ -174,22 +175,22 @@ def known_indexes(spec: ArraySpec, shards: list[tuple[int, ...]], cache: dict) -
             new.append(sh)
         else:
             known[sh] = index
-    for sh, index in zip(new, remote_shard_indexes(spec, new)):
+    for sh, index in zip(new, remote_shard_indexes(spec, new, options)):
         known[sh] = index
-        spec.source.remember(cache, (id(spec), sh), index)
+        spec.source.remember(cache, (id(spec), sh), index, options)
     return known
 
 
 _UNKNOWN = object()
 
 
-def shard_indexes(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]]) -> dict:
+def shard_indexes(remote: list[tuple[int, ArraySpec, list[ChunkPiece]]], options: Any) -> dict:
     """The indexes of every shard the remote requests touch, fetched at once before the waves
     (waves fetched side by side would otherwise each fetch the indexes they share)."""
     indexes: dict = {}
     for _, spec, pieces in remote:
         if spec.shard is not None:
             shards = [shard for shard, _ in places(spec, pieces)]
-            for sh, index in known_indexes(spec, shards, spec.source.shard_indexes).items():
+            for sh, index in known_indexes(spec, shards, spec.source.shard_indexes, options).items():
                 indexes[id(spec), sh] = index
     return indexes

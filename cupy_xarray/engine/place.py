@@ -125,10 +125,12 @@ def plan_boxes(batched: list[ChunkTask], outs: list) -> None:
 # -- placing ----------------------------------------------------------------------------------
 
 
-def place_group(group: Group, outs: list, device: Any, geometry: dict) -> None:
-    """Place a decoded group of the batches into its outputs: a copy per run, the tiles' boxes
-    in one kernel launch per output, the rest scattered; ``geometry``: per output, the box
-    copies its pieces take, kept across the read's batches (:class:`.scatter.Boxes`)."""
+def place_group(group: Group, read: Any, geometry: dict) -> None:
+    """Place a decoded group of the batches into the read's outputs: a copy per run, the
+    tiles' boxes in one kernel launch per output, the rest scattered; ``geometry``: per
+    output, the box copies its pieces take, kept across the read's batches
+    (:class:`.scatter.Boxes`)."""
+    outs, device = read.outs, read.device
     xp = device.xp
     boxes: dict[int, Boxes] = {}
     for t in group.tasks:
@@ -139,7 +141,7 @@ def place_group(group: Group, outs: list, device: Any, geometry: dict) -> None:
             raise t.error(f"chunk holds {len(t.data)} bytes, expected {recipe.nbytes}")
         if t.copy is not None:
             src_off, n, dst = t.copy
-            copy_bytes(outs[t.out], dst, t.data, src_off, n, device)
+            copy_bytes(outs[t.out], dst, t.data, src_off, n, xp)
             continue
         placer = boxes.get(t.out)
         if placer is None:
@@ -150,10 +152,13 @@ def place_group(group: Group, outs: list, device: Any, geometry: dict) -> None:
         placer.run(xp)
 
 
-def queue_copies(task: ChunkTask, data: np.ndarray, out: Any, cupy: Any, stream: Any, boxes=None) -> None:
+def queue_copies(
+    task: ChunkTask, data: np.ndarray, out: Any, cupy: Any, stream: Any, options: Any, boxes=None
+) -> None:
     """Queue on ``stream`` what places a piece from host memory (``data``: its decoded chunk,
     or for a direct piece its run) into a GPU output: one copy for a run, 2-D copies for a box
-    of rows (:func:`.scatter.box_copies`), else a scratch chunk and the scatter kernel.
+    of rows (:func:`.scatter.box_copies`, within the read's ``options``), else a scratch chunk
+    and the scatter kernel.
     ``boxes``: where given (``data`` in page-locked memory), a tile's box is added there for
     one kernel launch that reads it in place. The caller waits for the stream before
     ``data`` is reused."""
@@ -171,7 +176,9 @@ def queue_copies(task: ChunkTask, data: np.ndarray, out: Any, cupy: Any, stream:
         rt.memcpyAsync(out.data.ptr + d, src + s, k, h2d, stream.ptr)
     elif boxes is not None and boxes.add(data, recipe, task.piece):
         pass  # copied by the caller's kernel launch, from where it is
-    elif (copies := box_copies(recipe, task.piece, out.shape)) is not None:
+    elif (
+        copies := box_copies(recipe, task.piece, out.shape, options.box_max_copies, options.box_min_row)
+    ) is not None:
         for s, d, width, height, spitch, dpitch in copies:
             rt.memcpy2DAsync(out.data.ptr + d, dpitch, src + s, spitch, width, height, h2d, stream.ptr)
     else:
@@ -183,29 +190,29 @@ def queue_copies(task: ChunkTask, data: np.ndarray, out: Any, cupy: Any, stream:
             place_chunk(cupy, out, scratch, recipe, task.piece)
 
 
-def place_from_host(task: ChunkTask, data: np.ndarray, out: Any, device: Any) -> None:
+def place_from_host(task: ChunkTask, data: np.ndarray, out: Any, device: Any, options: Any) -> None:
     """Place a piece decoded (or read) into host memory by a CPU thread: on a GPU, through this
-    thread's stream (:func:`queue_copies`), waited for before ``data`` is reused; on the CPU,
-    one copy or a scatter."""
+    thread's stream (:func:`queue_copies`, with the read's ``options``), waited for before
+    ``data`` is reused; on the CPU, one copy or a scatter."""
     if device.host_memory:
         if task.copy is not None:
             src, n, dst = task.copy
-            copy_bytes(out, dst, data, src, n, device)
+            copy_bytes(out, dst, data, src, n, np)
         else:
             place_chunk(np, out, data, task.spec.recipe, task.piece)
         return
     stream = thread_stream(device.xp)
     try:
-        queue_copies(task, data, out, device.xp, stream)
+        queue_copies(task, data, out, device.xp, stream, options)
     finally:
         stream.synchronize()  # the host buffers are reused by this thread's next job, an error's way too
 
 
-def place_fetched(tasks: list[ChunkTask], outs: list[Any], device: Any, blob_bytes) -> None:
+def place_fetched(tasks: list[ChunkTask], outs: list[Any], device: Any, options: Any, blob_bytes) -> None:
     """Copy fetched uncompressed chunks into their GPU outputs from the calling thread, every
     copy queued before one wait; the boxes of pieces in page-locked memory all with one kernel
     launch, which reads them where they landed. ``blob_bytes(task, offset, size)``: a task's
-    fetched bytes.
+    fetched bytes; ``options``: the read's settings.
 
     A pool job per chunk, each waiting for its own copies, cost more than the copies (1 GiB
     of 4 MiB tiles over loopback HTTP on an H200: 5.3 GB/s; 2-D copies queued here: 6.5; one
@@ -224,11 +231,11 @@ def place_fetched(tasks: list[ChunkTask], outs: list[Any], device: Any, blob_byt
             if task.direct is None and len(data) < n:
                 raise task.error(f"chunk holds {len(data)} bytes, expected {n}")
             placer = None
-            if task.spec.source.lands_pinned:  # page-locked: the kernel may read it in place
+            if task.spec.source.lands_pinned(options):  # page-locked: the kernel may read it in place
                 placer = boxes.get(task.out)
                 if placer is None:
                     placer = boxes[task.out] = Boxes(out)
-            queue_copies(task, data, out, cupy, stream, placer)
+            queue_copies(task, data, out, cupy, stream, options, placer)
         with stream:
             for placer in boxes.values():
                 placer.run(cupy)
@@ -270,12 +277,13 @@ def host_twins(read: Any, on_host: list[ChunkTask], batches: list) -> list | Non
     return twins
 
 
-def copy_twins(twins: list, outs: list, device: Any) -> None:
-    """Copy each assembled twin into its output on the GPU; returns once the copies are done
-    (the twins' pinned memory goes back to the pool)."""
-    rt = device.xp.cuda.runtime
-    stream = device.xp.cuda.get_current_stream()
-    for twin, out in zip(twins, outs):
+def copy_twins(twins: list, read: Any) -> None:
+    """Copy each assembled twin into the read's output on the GPU; returns once the copies are
+    done (the twins' pinned memory goes back to the pool)."""
+    xp = read.device.xp
+    rt = xp.cuda.runtime
+    stream = xp.cuda.get_current_stream()
+    for twin, out in zip(twins, read.outs):
         if twin is not None and out.nbytes:
             rt.memcpyAsync(out.data.ptr, twin.ctypes.data, out.nbytes, rt.memcpyHostToDevice, stream.ptr)
     stream.synchronize()

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..options import get_options
+from ..options import Options
 from ..runtime import nvcomp
 from .decoders import Rates, stream
 from .decoders.registry import STREAMS
@@ -30,10 +30,10 @@ _lock = threading.Lock()
 _cache: dict[str, Rates] = {}
 
 
-def cache_path() -> str:
+def cache_path(options: Options) -> str:
     """Where measured rates are kept (the ``cache_dir`` option, ``CUPY_XARRAY_CACHE``; else
     ``~/.cache/cupy-xarray``)."""
-    root = get_options().cache_dir or os.path.join(os.path.expanduser("~/.cache"), "cupy-xarray")
+    root = options.cache_dir or os.path.join(os.path.expanduser("~/.cache"), "cupy-xarray")
     return os.path.join(root, "decode-rates.json")
 
 
@@ -45,28 +45,23 @@ def machine_key(device: Any) -> str:
     the driver once per device: every scheduled read needs it)."""
     key = _machine_keys.get(device.key)
     if key is None:
-        key = _machine_keys[device.key] = _machine_key(device)
+        nv = nvcomp.version() if device.codecs.name == "nvcomp" else 0
+        # (the last field: the model's version; figures measured under another are measured again)
+        key = _machine_keys[device.key] = f"{device.model()}|{os.cpu_count()} cores|nvcomp {nv}|model 4"
     return key
 
 
-def _machine_key(device: Any) -> str:
-    gpu = device.model()
-    nv = nvcomp.version() if device.codecs.name == "nvcomp" else 0
-    # (the last field: the model's version; figures measured under another are measured again)
-    return f"{gpu}|{os.cpu_count()} cores|nvcomp {nv}|model 4"
-
-
-def known_rates(kind: str, device: Any) -> Rates:
-    """This machine's rates for ``kind`` where measured before (:func:`rates`, which
-    :func:`~cupy_xarray.warm_up` runs), else :data:`DEFAULT_RATES`; never measures (a read
-    must not wait for that)."""
+def known_rates(kind: str, read: Any) -> Rates:
+    """The rates for ``kind`` of the machine a read (:class:`~.read.Read`) runs on, where
+    measured before (:func:`rates`, which :func:`~cupy_xarray.warm_up` runs), else
+    :data:`DEFAULT_RATES`; never measures (a read must not wait for that)."""
     default = DEFAULT_RATES.get(kind, DEFAULT_RATES["zstd"])
-    if not get_options().calibrate:
+    if not read.options.calibrate:
         return default
-    key = f"{machine_key(device)}|{kind}"
+    key = f"{machine_key(read.device)}|{kind}"
     found = _cache.get(key)
     if found is None:
-        stored = load(cache_path()).get(key)
+        stored = load(cache_path(read.options)).get(key)
         try:
             found = _cache[key] = Rates(**stored) if stored else default
         except TypeError:  # written by another version
@@ -74,19 +69,19 @@ def known_rates(kind: str, device: Any) -> Rates:
     return found
 
 
-def rates(kind: str, device: Any) -> Rates:
+def rates(kind: str, device: Any, options: Options) -> Rates:
     """This machine's rates for ``kind``: from the cache file, else measured now and cached.
 
     The ``calibrate`` option off (``CUPY_XARRAY_CALIBRATE=0``) uses :data:`DEFAULT_RATES`
     without measuring.
     """
-    if not get_options().calibrate:
+    if not options.calibrate:
         return DEFAULT_RATES[kind]
     with _lock:
         key = f"{machine_key(device)}|{kind}"
         if key in _cache and _cache[key].measured:
             return _cache[key]
-        path = cache_path()
+        path = cache_path(options)
         stored = load(path)
         if key in stored:
             try:

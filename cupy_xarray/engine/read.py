@@ -16,6 +16,7 @@ import math
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,9 +119,10 @@ def record_reads():
 class Clock:
     """Where a read's time goes, phase by phase."""
 
-    def __init__(self, device: Any, exact: bool = False) -> None:
-        self.device = device
-        self.exact = exact
+    def __init__(self, wait: Callable[[], None] | None = None) -> None:
+        #: where given (exact timings: the ``profile`` option), waits for the device's work at
+        #: each lap (``Device.wait_all``: every stream, nvCOMP runs on its own)
+        self.wait = wait
         self.stats: dict[str, float] = defaultdict(float)
         self.groups: dict[int, float] = defaultdict(float)  # decode seconds per recipe
         self.crowded = False  # another read ran beside this one (its timings are not its own)
@@ -128,8 +130,8 @@ class Clock:
         self.t = self.start = time.perf_counter()
 
     def lap(self, phase: str) -> None:
-        if self.exact:
-            self.device.wait_all()  # every stream: nvCOMP runs on its own
+        if self.wait is not None:
+            self.wait()
         now = time.perf_counter()
         self.stats[phase] += now - self.t
         self.t = now
@@ -171,7 +173,7 @@ class Read:
         self.scheduler = scheduler
         self.outs: list[Any] = [None] * len(requests)
         self.filled: set[int] = set()  # outputs with missing chunks: filled with the fill value first
-        self.clock = Clock(device, options.profile)
+        self.clock = Clock(device.wait_all if options.profile else None)
         self.bar: Any = None
         self.report = ReadReport(
             arrays=[spec.name for spec, _ in requests],
@@ -273,13 +275,14 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def check_memory(
-    requests: list[tuple[ArraySpec, tuple]], device: Any, batch_bytes: int, options: Options
-) -> None:
-    """Refuse a read whose outputs and smallest read buffers (two batches of ``batch_bytes``)
-    cannot fit in the device's free memory (reads below the ``check_memory_bytes`` option are
-    not checked: asking the driver costs every read, and an allocation that fails still
-    raises OutOfMemoryError). A read that fits takes smaller batches where memory is short."""
+def check_memory(read: Read) -> None:
+    """Refuse a read whose outputs and smallest read buffers (two batches of the
+    ``min_batch_bytes`` option) cannot fit in its device's free memory (reads below the
+    ``check_memory_bytes`` option are not checked: asking the driver costs every read, and an
+    allocation that fails still raises OutOfMemoryError). A read that fits takes smaller
+    batches where memory is short."""
+    requests, device, options = read.requests, read.device, read.options
+    batch_bytes = options.min_batch_bytes
     out = sum(math.prod(output_shape(sel, spec.shape)) * spec.dtype.itemsize for spec, sel in requests)
     needed = out + min(2 * batch_bytes, 2 * out)
     if needed < options.check_memory_bytes:

@@ -60,7 +60,8 @@ def describe(spec: ArraySpec, device: Device | PrototypeDevice, decode: str | No
     codecs = ", ".join(r.bytes_codecs) or "uncompressed"
     where = device.codecs.name if r.bytes_codecs else device.io.name
     if stream_kind(r.bytes_codecs) is not None:
-        read = Read([], device, get_options(), decode_choice(decode), None, False, _DEFAULT_SCHEDULER)
+        options = get_options()
+        read = Read([], device, options, decode_choice(decode, options), None, False, _DEFAULT_SCHEDULER)
         where = describe_route(r.bytes_codecs, read)
     shard = f", sharded {spec.shard.shard_shape}" if spec.shard else ""
     fetched = f", fetched from {spec.source.url}" if spec.source is not None else ""
@@ -80,7 +81,7 @@ def _run(read: Read) -> list[Any]:
             log.debug(describe(spec, device, read.decode))
         if isinstance(device, PrototypeDevice) or spec.fallback:
             check_files(spec, nsel)
-            outs[i] = zarr_read(spec, nsel, device)
+            outs[i] = zarr_read(spec, nsel, read)
             continue
         oshape = output_shape(nsel, spec.shape)
         pieces = plan_chunks(nsel, spec.shape, spec.chunks)
@@ -123,7 +124,7 @@ def _read(read: Read) -> list[Any]:
     outputs fit succeeds, slower, and its report says so)."""
     device = read.device
     if isinstance(device, Device):
-        check_memory(read.requests, device, read.options.min_batch_bytes, read.options)
+        check_memory(read)
     changed = 0
     try:
         with RUNNING.running(read.clock), reporting(read.report):
@@ -189,7 +190,7 @@ def read_arrays(
         Where a GPU read decodes compressed chunks: ``"auto"`` (nvCOMP for the streams it
         decodes safely, CPU threads for the others), ``"gpu"`` (nvCOMP for all: for stores
         you trust) or ``"cpu"``; default ``CUPY_XARRAY_DECODE`` or ``"auto"``
-        (:func:`~cupy_xarray.engine.route.decodes_on_gpu`). The values are the same.
+        (:func:`~cupy_xarray.engine.route.safe_on_gpu`). The values are the same.
     scheduler
         Gives each chunk its route (:class:`~cupy_xarray.engine.route.Scheduler`); default
         large groups shared by both processors (:mod:`.share`).
@@ -208,7 +209,7 @@ def read_arrays(
     """
     options = get_options()
     normalized = [(spec, normalize_selection(sel, spec.shape)) for spec, sel in requests]
-    choice = decode_choice(decode)
+    choice = decode_choice(decode, options)
     size = batch_bytes if batch_bytes is not None else options.batch_bytes
     show = progress or options.progress
     sched = scheduler or _scheduler(options.force_route)

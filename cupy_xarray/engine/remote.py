@@ -34,7 +34,7 @@ from typing import Any
 
 from ..containment import UnsafeStoreError
 from ..errors import ChunkError
-from ..options import Options, get_options
+from ..options import Options
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _DENIED_STATUS = frozenset({401, 403})
@@ -182,7 +182,7 @@ class RemoteSource:
         from .http import fetcher_for
 
         # plain HTTP(S): fetched on threads, unless the threaded_http option says otherwise
-        self.http = fetcher_for(store) if get_options().threaded_http else None
+        self._http = fetcher_for(store)
         #: shard indexes already fetched, kept while the array is open: a dask task of one inner
         #: chunk then makes one request, not two (reopen the dataset after the store changes)
         self.shard_indexes: dict = {}
@@ -190,15 +190,19 @@ class RemoteSource:
             for part in self.prefix.split("/"):
                 check_remote_key(part, f"array {name!r}")
 
-    @property
-    def lands_pinned(self) -> bool:
+    def http(self, options: Options) -> Any:
+        """The threaded HTTP(S) fetcher of a plain HTTP(S) store (None for others, or with
+        the ``threaded_http`` option off: the store's own ``get``)."""
+        return self._http if options.threaded_http else None
+
+    def lands_pinned(self, options: Options) -> bool:
         """Whether :meth:`fetch` with ``pinned=True`` lands the bytes in page-locked memory
         (the threaded HTTP(S) fetcher does; a store's own ``get`` returns its own buffers)."""
-        return self.http is not None
+        return self.http(options) is not None
 
-    def remember(self, cache: dict, key: Any, value: Any) -> None:
+    def remember(self, cache: dict, key: Any, value: Any, options: Options) -> None:
         """Keep ``value`` in ``cache`` (at most ``max_cached_indexes`` entries, an option)."""
-        if len(cache) >= get_options().max_cached_indexes:
+        if len(cache) >= options.max_cached_indexes:
             cache.clear()
         cache[key] = value
 
@@ -212,10 +216,15 @@ class RemoteSource:
         return f"{self.url}/{self.prefix}/{chunk_key}" if self.prefix else f"{self.url}/{chunk_key}"
 
     def fetch(
-        self, requests: list[Request], chunks: list[str] | None = None, pinned: bool = False
+        self,
+        requests: list[Request],
+        options: Options,
+        chunks: list[str] | None = None,
+        pinned: bool = False,
     ) -> list[Any]:
         """The bytes of each request (a uint8 NumPy array), None where the object does not
-        exist. ``chunks``: the chunk named in each request's error (default its key); for a
+        exist, fetched with the read's settings ``options`` (on other threads too).
+        ``chunks``: the chunk named in each request's error (default its key); for a
         request that holds many, ``[(end within the request, chunk), ...]`` in order of end:
         an answer cut short names the first one it does not hold whole.
         ``pinned``: land the bytes in page-locked memory where the fetcher reads bodies into
@@ -223,11 +232,11 @@ class RemoteSource:
         if not requests:
             return []
         chunks = chunks or [r.key for r in requests]
-        options = get_options()  # the fetches run on other threads, with the caller's settings
-        if self.http is not None:
+        http = self.http(options)
+        if http is not None:
             land = pinned_landing if pinned else None
             jobs = [(r, c, land, options) for r, c in zip(requests, chunks)]
-            return self.http.fetch_all(jobs, self._attempts_threaded)
+            return http.fetch_all(jobs, self._attempts_threaded, options.http_threads)
         from zarr.core.sync import sync
 
         return sync(self._fetch_all(requests, chunks, options))
@@ -284,7 +293,7 @@ class RemoteSource:
         r, chunk, land, options = job
         for attempt in range(options.remote_retries + 1):
             try:
-                data = self.http.get(
+                data = self._http.get(
                     self.key(r.key), r.start, r.end, options.remote_timeout, r.limit, land, r.most
                 )
                 break
@@ -373,13 +382,10 @@ def _delay(attempt: int, options: Options) -> float:
     return min(options.remote_backoff_max, options.remote_backoff * 2**attempt) * (0.5 + random.random() / 2)
 
 
-def coalesce(ranges: list[tuple[int, int]], gap: int | None = None, most: int | None = None):
+def coalesce(ranges: list[tuple[int, int]], gap: int, most: int):
     """Merge sorted-able ``(start, end)`` ranges closer than ``gap`` into requests of at most
-    ``most`` bytes (default: the options ``coalesce_gap`` and ``coalesce_max``); returns
+    ``most`` bytes (a read's: the options ``coalesce_gap`` and ``coalesce_max``); returns
     ``[(start, end, [indices of the ranges it holds])]``."""
-    options = get_options()
-    gap = options.coalesce_gap if gap is None else gap
-    most = options.coalesce_max if most is None else most
     order = sorted(range(len(ranges)), key=lambda i: ranges[i])
     merged: list[tuple[int, int, list[int]]] = []
     for i in order:

@@ -19,7 +19,7 @@ fetched bytes land in pinned memory where they go to the GPU as they are
 
 ``decode="gpu"`` sends every compressed chunk of a GPU read to nvCOMP, ``"cpu"`` every one
 to CPU threads. ``"auto"`` sends to nvCOMP only the streams it decodes safely
-(:func:`decodes_on_gpu`, or in the decoder process), and sends each group of
+(:func:`safe_on_gpu`, or in the decoder process), and sends each group of
 those to the processor that ends it first, or splits it between both where that ends sooner
 (:meth:`Scheduler.split`, at the pace this process's reads saw: :mod:`.observed`; a split's
 chunks wait in one queue, ``"share"``: :mod:`.share`). A group too small for one nvCOMP call
@@ -209,14 +209,14 @@ class Scheduler:
         only read meanwhile: learn the route's factor (:func:`.observed.saw_outcome`)."""
         if plan.model is not None and self.force is None and _learns(read):
             kind, route, nbytes, model_s = plan.model
-            observed.saw_outcome(device_key(read.device), kind, route, nbytes, seconds, model_s)
+            observed.saw_outcome(seen_on(read), kind, route, nbytes, seconds, model_s)
 
     def saw_io(self, batch: list[Any], read: Any, seconds: float) -> None:
         """A GPU read's first batch (nothing else ran on the I/O threads yet) read its stored
         bytes in ``seconds``: the pace of the batches' reads."""
         kind = _chain(batch)
         if kind is not None and _learns(read):
-            observed.saw_io(device_key(read.device), kind, sum(t.nbytes for t in batch), seconds)
+            observed.saw_io(seen_on(read), kind, sum(t.nbytes for t in batch), seconds)
 
     def saw_pool(self, on_host: list[Any], queue: Any, read: Any, seconds: float) -> None:
         """The CPU threads' pace where they all had work on a GPU read: a shared queue's back
@@ -228,12 +228,12 @@ class Scheduler:
             kind = _chain(queue.taken_back)
             if kind is not None and len(queue.taken_back) >= 2 * device.threads:
                 seconds = queue.back_ended - queue.back_started
-                observed.saw_pool(device_key(device), kind, queue.back_done, seconds, shared=True)
+                observed.saw_pool(seen_on(read), kind, queue.back_done, seconds, shared=True)
         elif on_host and len(on_host) >= 2 * device.threads:
             kind = _chain(on_host)
             if kind is not None and all(t.spec.recipe.bytes_codecs for t in on_host):
                 nbytes = sum(t.spec.recipe.nbytes for t in on_host)
-                observed.saw_pool(device_key(device), kind, nbytes, seconds)
+                observed.saw_pool(seen_on(read), kind, nbytes, seconds)
 
     def streams(self, spec: Any, pieces: list, read: Any) -> bool:
         """Whether a request's pieces are located and planned batch by batch, as their
@@ -250,16 +250,16 @@ class Scheduler:
             and len(pieces) * spec.recipe.nbytes >= read.options.stream_bytes
         )
 
-    def rates_for(self, kind: str, device: Any) -> Rates:
+    def rates_for(self, kind: str, read: Any) -> Rates:
         if self._rates is not None:
             return self._rates.get(kind, DEFAULT_RATES.get(kind, DEFAULT_RATES["zstd"]))
-        return known_rates(kind, device)
+        return known_rates(kind, read)
 
-    def gpu_figure(self, recipe: Any, total: int, device: Any) -> float:
+    def gpu_figure(self, recipe: Any, total: int, read: Any) -> float:
         """Seconds one nvCOMP call of ``total`` decoded bytes of ``recipe``'s chunks takes by
         the stream kind's figures: its fixed cost and its longest stream on one group of GPU
         threads, or, where its streams fill the GPU, its bytes at the rate of many streams."""
-        r = self.rates_for(stream_kind(recipe.bytes_codecs), device)
+        r = self.rates_for(stream_kind(recipe.bytes_codecs), read)
         longest = min(recipe.nbytes, stream_bytes(recipe.bytes_codecs) or recipe.nbytes)
         return max(r.gpu_call + longest / r.gpu_stream, total / r.gpu)
 
@@ -269,8 +269,8 @@ class Scheduler:
         recipe = group.recipe
         if not group.route.nvcomp or stream_kind(recipe.bytes_codecs) is None:
             return
-        figure = self.gpu_figure(recipe, sum(t.spec.recipe.nbytes for t in group.tasks), read.device)
-        observed.saw_gpu(device_key(read.device), pace_key(recipe.bytes_codecs), seconds, figure)
+        figure = self.gpu_figure(recipe, sum(t.spec.recipe.nbytes for t in group.tasks), read)
+        observed.saw_gpu(seen_on(read), pace_key(recipe.bytes_codecs), seconds, figure)
 
     def direct_routes(self, tasks: list[Any], read: Any) -> list[str]:
         """Routes for pieces read straight into the output (their bytes are one run of it):
@@ -339,8 +339,8 @@ class Scheduler:
         process's first read after open: the ``route_start_wait`` option)."""
         device = read.device
         recipe = tasks[0].spec.recipe
-        r = self.rates_for(kind, device)
-        key, chain = device_key(device), pace_key(recipe.bytes_codecs)
+        r = self.rates_for(kind, read)
+        key, chain = seen_on(read), pace_key(recipe.bytes_codecs)
         seen = observed.pace(key, chain)
         total = sum(t.spec.recipe.nbytes for t in tasks)
         stored = sum(t.nbytes for t in tasks) or total
@@ -348,7 +348,7 @@ class Scheduler:
         alone = seen.pool or (r.host_pool * min(threads, 16) / 16 if r.host_pool else threads * r.host_thread)
         pool = seen.pool_shared or alone  # beside the batches
         io = seen.io or IO_BYTES_S
-        fixed = seen.gpu_k * self.gpu_figure(recipe, 0, device)
+        fixed = seen.gpu_k * self.gpu_figure(recipe, 0, read)
         per = seen.gpu_k / r.gpu  # seconds per decoded byte of a call that fills the GPU
 
         def gpu(nbytes: float) -> float:  # one call: its fixed cost, or its bytes where they fill the GPU
@@ -456,10 +456,10 @@ def pace_key(codecs: tuple[str, ...]) -> str:
     return "/".join(codecs)
 
 
-def device_key(device: Any) -> str:
-    """What the pace seen is kept under: the device's kind and index (``Device.key``)."""
-    key = getattr(device, "key", None)
-    return key if isinstance(key, str) else getattr(device, "name", "cpu")
+def seen_on(read: Any) -> str:
+    """What the pace a read sees is kept under: its device's kind and index (``Device.key``)."""
+    key = getattr(read.device, "key", None)
+    return key if isinstance(key, str) else getattr(read.device, "name", "cpu")
 
 
 def chain_route(codecs: tuple[str, ...], read: Any) -> Route:
@@ -469,50 +469,44 @@ def chain_route(codecs: tuple[str, ...], read: Any) -> Route:
     decode safely here), None where the model chooses; who decodes batched streams; whether
     in the decoder process (streams nvCOMP may fault on that no check proves, where that
     process can run)."""
-    device, decode, options = read.device, read.decode, read.options
+    device, decode = read.device, read.decode
     kind = stream_kind(codecs)
     gpu = getattr(device, "name", None) == "gpu"
     if kind is None:
         return Route("host" if not gpu else None, "none")
-    isolating = isolable(codecs) and decoder_process_on(device, options)
+    isolating = isolable(codecs) and decoder_process_on(read)
     if not gpu:
         return Route("host", "cpu", isolating, "a read to the CPU")
-    if decode == "auto" and isolating:
-        nvcomp = True
-    else:
-        nvcomp = decodes_on_gpu(kind, decode, proven(codecs))
+    safe = safe_on_gpu(kind, proven(codecs))
+    nvcomp = decode == "gpu" or (decode == "auto" and (isolating or safe))
     decoder = "nvcomp" if nvcomp else "threads"
     isolated = isolating and nvcomp
     if decode == "gpu":
         return Route("batch", decoder, isolated, "decode='gpu'")
     if decode == "cpu":
         return Route("host", decoder, isolated, "decode='cpu'")
-    if not isolating and not decodes_on_gpu(kind, "auto", proven(codecs)):
+    if not isolating and not safe:
         return Route("host", decoder, isolated, stream(kind).host_only or "decoded safely on the CPU")
     return Route(None, decoder, isolated)
 
 
-def decodes_on_gpu(kind: str, decode: str = "auto", proven: bool = False) -> bool:
-    """Whether a GPU read hands ``kind``'s streams to nvCOMP in this process (else: CPU
-    threads, then a copy).
-
-    ``decode="auto"`` gives nvCOMP the streams it decodes safely after the engine's checks
-    (a decoder's :attr:`~.decoders.base.StreamDecoder.host_only` says why not): gzip and zlib,
-    LZ4, Blosc's LZ4 blocks, and zstd frames whose stored bytes a crc32c proved (``proven``).
-    ``"gpu"`` hands nvCOMP everything (for stores you trust: the fastest), ``"cpu"`` nothing.
-    """
-    if decode == "cpu":
-        return False
-    return decode == "gpu" or proven or not stream(kind).host_only
+def safe_on_gpu(kind: str, proven: bool = False) -> bool:
+    """Whether nvCOMP decodes ``kind``'s streams safely in this process after the engine's
+    checks, so that ``decode="auto"`` may hand them to it there (else CPU threads, then a
+    copy, or the decoder process): gzip and zlib, LZ4, Blosc's LZ4 blocks, and zstd frames
+    whose stored bytes a crc32c proved (``proven``); a decoder's
+    :attr:`~.decoders.base.StreamDecoder.host_only` says why not. (``decode="gpu"`` hands
+    nvCOMP everything, for stores you trust: the fastest; ``"cpu"`` nothing.)"""
+    return proven or not stream(kind).host_only
 
 
-def decoder_process_on(device: Any, options: Any) -> bool:
-    """Whether unproven streams may go to the decoder process (:mod:`.sandbox`): the
+def decoder_process_on(read: Any) -> bool:
+    """Whether a read's unproven streams may go to the decoder process (:mod:`.sandbox`): the
     ``decoder_process`` option; on a GPU where nvCOMP's C API can be used, on the CPU only
     when asked for (``"on"``: CPU decoders behind the same machinery, as CI runs it)."""
-    if getattr(device, "name", None) == "gpu":
-        return gpu_decoder_process_on(options)
-    return options.decoder_process == "on"
+    if getattr(read.device, "name", None) == "gpu":
+        return gpu_decoder_process_on(read.options)
+    return read.options.decoder_process == "on"
 
 
 def gpu_decoder_process_on(options: Any) -> bool:

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..options import get_options
 from .spec import ChunkRecipe
 
 
@@ -65,12 +64,12 @@ def place_chunk(xp: Any, out: Any, data: Any, recipe: ChunkRecipe, piece: Any) -
     scatter(xp, out, piece.out_sel, select(xp, chunk, piece.chunk_sel))
 
 
-def copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, device: Any) -> None:
-    """Copy ``n`` bytes of ``src`` (on the output's device) into the C-contiguous output at byte
-    ``dst``."""
-    if not device.host_memory:
-        rt = device.xp.cuda.runtime
-        stream = device.xp.cuda.get_current_stream().ptr
+def copy_bytes(out: Any, dst: int, src: Any, src_off: int, n: int, xp: Any) -> None:
+    """Copy ``n`` bytes of ``src`` (on the output's device; ``xp``: its array module) into the
+    C-contiguous output at byte ``dst``."""
+    if xp is not np:
+        rt = xp.cuda.runtime
+        stream = xp.cuda.get_current_stream().ptr
         rt.memcpyAsync(out.data.ptr + dst, src.data.ptr + src_off, n, rt.memcpyDeviceToDevice, stream)
     else:
         out.reshape(-1).view(np.uint8)[dst : dst + n] = src[src_off : src_off + n]
@@ -88,19 +87,15 @@ def box_copies(
     recipe: ChunkRecipe,
     piece: Any,
     out_shape: tuple[int, ...],
-    max_copies: int | None = None,
-    min_row: int | None = None,
+    max_copies: int,
+    min_row: int,
 ) -> list[tuple] | None:
     """A piece that selects a box of a C-order chunk (ints and step-1 slices), placed into a
     box of the C-contiguous output, as 2-D copies ``(src, dst, width, height, spitch,
     dpitch)`` in bytes; None where the piece is not such a box or would need more than
-    ``max_copies`` copies or rows narrower than ``min_row`` bytes (default: the options
+    ``max_copies`` copies or rows narrower than ``min_row`` bytes (a read's: the options
     ``box_max_copies`` and ``box_min_row``; narrower rows copy slowly, and the scatter kernel
     is then faster)."""
-    if max_copies is None or min_row is None:
-        options = get_options()
-        max_copies = options.box_max_copies if max_copies is None else max_copies
-        min_row = options.box_min_row if min_row is None else min_row
     if recipe.transpose is not None or recipe.needs_swap or (recipe.order == "F" and len(recipe.shape) > 1):
         return None
     size = recipe.dtype.itemsize

@@ -8,6 +8,7 @@ checked there (crc32c), whatever the output device.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,9 @@ def read_shard_index(
     return parse_index(spec, raw, size, key, path)
 
 
-def remote_shard_indexes(spec: ArraySpec, shards: list[tuple[int, ...]]) -> list[np.ndarray | None]:
+def remote_shard_indexes(
+    spec: ArraySpec, shards: list[tuple[int, ...]], options: Any
+) -> list[np.ndarray | None]:
     """The indexes of shards in a remote store (None where the shard does not exist), all
     fetched at once: one range request per shard (the first or last bytes), no size query.
     Index entries that point past the shard's end are caught when their bytes are fetched."""
@@ -72,7 +75,7 @@ def remote_shard_indexes(spec: ArraySpec, shards: list[tuple[int, ...]]) -> list
     where = -nbytes, None
     if spec.shard.index_at_start:
         where = 0, nbytes
-    raws = source.fetch([Request(k, *where, most=shard_bound(spec)) for k in keys])
+    raws = source.fetch([Request(k, *where, most=shard_bound(spec)) for k in keys], options)
     return [
         None if raw is None else parse_index(spec, raw, None, key, source.location(key))
         for key, raw in zip(keys, raws)

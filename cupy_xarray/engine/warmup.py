@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..options import Options
 
 
 def warm_up(client: Any = None, device: str = "gpu", measure: bool = False) -> dict:
@@ -38,35 +41,36 @@ def warm_up(client: Any = None, device: str = "gpu", measure: bool = False) -> d
 
 def _warm_up_here(device: str, measure: bool = False) -> dict:
     from ..device import gpu_available
+    from ..options import get_options
     from . import host, reader  # noqa: F401 - the engine's imports, once
     from .devices import resolve_device
 
+    options = get_options()
     name = "gpu" if device == "gpu" and gpu_available() else "cpu"
     dev = resolve_device(name)
     if not dev.host_memory:
         dev.xp.cuda.runtime.free(0)  # the first runtime call that needs a context makes it
-        warm_engine(dev.threads)
+        warm_engine(dev.threads, options)
     host.pool(dev.threads)
     if measure:
         from . import rates
         from .decoders.registry import STREAMS
 
         for kind in STREAMS:
-            rates.rates(kind, dev)
+            rates.rates(kind, dev, options)
     return {"device": dev.name, "threads": dev.threads}
 
 
-def start_decoder_process() -> None:
+def start_decoder_process(options: Options) -> None:
     """Start the GPU's decoder process, without waiting for it, where reads would use it
     (nvCOMP's C API loads and the ``decoder_process`` option is not ``"off"``): it takes
     1.5-2 s to load CUDA and nvCOMP, and needs no CUDA context of this process, so an open
     starts it first (a read sent before it has started is routed counting that wait:
     :meth:`.route.Scheduler.split`)."""
-    from ..options import get_options
     from .route import gpu_decoder_process_on
 
     try:  # what fails here, the read that needs it reports
-        if gpu_decoder_process_on(get_options()):
+        if gpu_decoder_process_on(options):
             from .sandbox.client import decoder_processes
 
             decoder_processes("nvcomp").start()
@@ -74,7 +78,7 @@ def start_decoder_process() -> None:
         pass
 
 
-def warm_engine(threads: int) -> None:
+def warm_engine(threads: int, options: Options) -> None:
     """Start what a GPU read would start itself (the CUDA context made already): page-locked
     memory (cupyx's import, 0.2-0.6 s, which a process's first small read otherwise waits
     for), the pool of CPU threads, nvCOMP's library, the decoder process (it takes 1.5-2 s to
@@ -89,7 +93,7 @@ def warm_engine(threads: int) -> None:
     except Exception:  # noqa: BLE001 - the read that needs it reports what is wrong
         pass
     host.pool(threads)
-    start_decoder_process()
+    start_decoder_process(options)
     try:
         from .io import kvikio_enter, kvikio_exit
 

@@ -51,9 +51,9 @@ def waves(remote: list[Request], size: int) -> list[list]:
     return out
 
 
-def fetch_wave(wave: list, indexes: dict, read: Read | None = None) -> list:
+def fetch_wave(wave: list, indexes: dict, read: Read) -> list:
     """Fetch one wave of a read: per request, (output index, spec, tasks, missing pieces)."""
-    return [(i, spec, *fetch(spec, pieces, i, indexes, read)) for i, spec, pieces in wave]
+    return [(i, spec, *fetch(spec, pieces, i, read, indexes)) for i, spec, pieces in wave]
 
 
 def execute_waves(read: Read, remote: list[Request], size: int) -> None:
@@ -62,7 +62,7 @@ def execute_waves(read: Read, remote: list[Request], size: int) -> None:
     ``remote_concurrency`` requests stay in flight, at most ``fetch_ahead_bytes`` of them),
     each wave decoded while the next ones are fetched."""
     options = read.options
-    indexes = shard_indexes(remote)
+    indexes = shard_indexes(remote, options)
     planned = waves(remote, size)
     per_wave = sum(len(pieces) for wave in planned for _, _, pieces in wave) / len(planned)
     depth = max(options.waves_ahead, math.ceil(options.remote_concurrency / per_wave))

@@ -319,13 +319,14 @@ def read_settings(device: Any, threads: Any, batch_bytes: Any, decode: str | Non
     _positive("threads", threads, "I/O threads; None: one per core, 4 to 32")
     _positive("batch_bytes", batch_bytes, "bytes; default None: chosen per read")
     if decode is not None:
-        decode_choice(decode)
+        decode_choice(decode, get_options())
     if isinstance(device, str):
         resolved = resolve_device(device, threads)  # no GPU, no cupy: say so now
         if not resolved.host_memory:
             # (with the settings in effect here: decoder_process="off" starts no decoder process)
-            warm = carried(functools.partial(warm_engine, resolved.threads))
-            start_gpu(resolved.xp, warm, before=carried(start_decoder_process))
+            options = get_options()
+            warm = carried(functools.partial(warm_engine, resolved.threads, options))
+            start_gpu(resolved.xp, warm, before=carried(functools.partial(start_decoder_process, options)))
     else:
         resolved = resolve_device(device, threads)  # None, 0, False ...: refused now, not at the first load
         if isinstance(resolved, PrototypeDevice) and resolved.gpu:

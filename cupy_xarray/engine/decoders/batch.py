@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...options import get_options
+from ...options import Options
 from ...runtime.buffers import pinned_buffer
 from ...runtime.notes import note
 from .base import Decoded, DecodeFailure, FramingError, aligned_slots, decoded_sizes
@@ -28,11 +28,6 @@ log = logging.getLogger("cupy_xarray")
 
 def _size_failure(algo: str, i: int, got: int, expected: int) -> DecodeFailure:
     return DecodeFailure(i, f"{algo} stream decoded to {got} bytes, expected {expected}")
-
-
-def host_threads() -> int:
-    """CPU threads that decode for a GPU read (the ``decode_threads`` option; default: cores)."""
-    return get_options().host_decode_threads()
 
 
 def host_copies(srcs: list[Any]) -> list[np.ndarray]:
@@ -61,13 +56,20 @@ def to_device(pinned: np.ndarray, slots: np.ndarray, sizes: np.ndarray, outs: li
 
 
 def _in_decoder_process(
-    isolation: Any, algo: str, srcs: list[Any], expected: list[int], into, on_device: bool, seconds: float
+    isolation: Any,
+    algo: str,
+    srcs: list[Any],
+    expected: list[int],
+    into,
+    on_device: bool,
+    seconds: float,
+    options: Options,
 ):
     """Decode in the decoder process (``isolation``: its ``decode_batch`` and ``DecoderLost``,
     :mod:`..sandbox`); None where it was lost (logged: the caller decodes the batch again on
     CPU threads, which name a damaged stream)."""
     try:
-        outs, owner = isolation.decode_batch(algo, srcs, expected, into, on_device, seconds)
+        outs, owner = isolation.decode_batch(algo, srcs, expected, into, on_device, seconds, options=options)
     except isolation.DecoderLost as exc:
         log.warning("%s; decoding its batch of %d %s streams again on CPU threads", exc, len(srcs), algo)
         note(f"{exc}; its batch of {len(srcs)} {algo} streams was decoded again on CPU threads")
@@ -104,17 +106,19 @@ class CPUCodecs:
         into: list[Any] | None = None,
         on_gpu: bool = False,
         isolated: bool = False,
+        options: Options | None = None,
     ) -> Decoded:
         """Decode every stream; ``into`` optionally gives, per stream, the buffer of exactly
         ``expected[i]`` bytes to decode into (``None``: a new buffer). Raises DecodeFailure
         naming the first stream that does not decode to exactly its expected size.
         (``on_gpu``: see :meth:`GPUCodecs.decode`; on the CPU all is decoded on CPU threads,
-        ``isolated``: in the decoder process first, the machinery GPU reads use.)"""
+        ``isolated``: in the decoder process first, the machinery GPU reads use, with the
+        read's settings ``options``, which an isolated batch needs.)"""
 
         decoder = stream(algo)
         if isolated and self.isolation is not None:
             seconds = sum(expected) / decoder.rates.host_thread + 0.01
-            decoded = _in_decoder_process(self.isolation, algo, srcs, expected, into, False, seconds)
+            decoded = _in_decoder_process(self.isolation, algo, srcs, expected, into, False, seconds, options)
             if decoded is not None:
                 return decoded
 
@@ -216,15 +220,18 @@ class GPUCodecs:
                 outs[i] = scratch[p : p + n]
         return outs, scratch
 
-    def _decode_on_host(self, algo: str, srcs: list[Any], expected: list[int], into) -> Decoded:
-        """CPU threads decode (and check) the streams into pinned memory; one copy each to the
-        device."""
+    def _decode_on_host(
+        self, algo: str, srcs: list[Any], expected: list[int], into, options: Options
+    ) -> Decoded:
+        """CPU threads (the ``decode_threads`` option of ``options``) decode (and check) the
+        streams into pinned memory; one copy each to the device."""
 
         sizes = np.asarray(expected, dtype=np.int64)
         slots, total = aligned_slots(sizes)
         pinned = pinned_buffer(total)
         views = [pinned[p : p + n] for p, n in zip(slots.tolist(), sizes.tolist())]
-        CPUCodecs.with_threads(host_threads()).decode(algo, host_copies(srcs), expected, views)
+        threads = options.host_decode_threads()
+        CPUCodecs.with_threads(threads).decode(algo, host_copies(srcs), expected, views)
         outs, scratch = self._outputs(expected, into, 16)
         to_device(pinned, slots, sizes, outs)
         decoded = Decoded(outs)
@@ -329,14 +336,17 @@ class GPUCodecs:
         into: list[Any] | None = None,
         on_gpu: bool = True,
         isolated: bool = False,
+        options: Options | None = None,
     ) -> Decoded:
         """Decode every stream in one batched call (see :meth:`CPUCodecs.decode`): with nvCOMP,
         or with ``on_gpu=False`` on CPU threads (the group's route: ``Route.nvcomp``), then
         copied to the device. ``isolated`` (``Route.isolated``): nvCOMP runs in the decoder
         process (this object's ``isolation``); where that process is lost (a
-        damaged stream made it fault or hang), the batch is decoded again on CPU threads."""
+        damaged stream made it fault or hang), the batch is decoded again on CPU threads.
+        ``options``: the read's settings (the decoder process's limits, the CPU threads'
+        count), which an isolated batch or one decoded on CPU threads needs."""
         if not on_gpu:
-            return self._decode_on_host(algo, srcs, expected, into)
+            return self._decode_on_host(algo, srcs, expected, into, options)
         if self._nvcomp is None:
             import cupy
 
@@ -363,9 +373,9 @@ class GPUCodecs:
                 raise DecodeFailure(*problem)
             r = stream(algo).rates
             seconds = r.gpu_call + sum(expected) / r.gpu + max(expected, default=0) / r.gpu_stream
-            decoded = _in_decoder_process(self.isolation, algo, raw, expected, into, True, seconds)
+            decoded = _in_decoder_process(self.isolation, algo, raw, expected, into, True, seconds, options)
             if decoded is None:
-                return self._decode_on_host(algo, srcs, expected, into)
+                return self._decode_on_host(algo, srcs, expected, into, options)
         elif batched is not None:
             decoded = self._decode_c(batched, algo, raw, expected, into)
         else:

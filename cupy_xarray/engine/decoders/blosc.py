@@ -57,14 +57,14 @@ def decode_chunks(
     lay: Layout,
     nchunks: int,
     expected: int,
-    device: Any,
+    read: Any,
     route: Any,
-    lap: Any = None,
     targets: list[Any] | None = None,
     ready: dict[str, Ready] | None = None,
     boxes: list[Box | None] | None = None,
 ) -> tuple[list[Any], list[Any]]:
-    """Decode every stream and unshuffle every block, as the group's ``route`` says
+    """Decode every stream and unshuffle every block of a batch of ``read`` (its device, its
+    clock's laps, its settings), as the group's ``route`` says
     (:class:`~cupy_xarray.engine.route.Route`): nvCOMP and the GPU's unshuffle kernel
     (``route.nvcomp``), else the device's batch decoders and NumPy; ``route.isolated``:
     streams nvCOMP may fault on (zstd) are decoded in the decoder process (:mod:`..sandbox`;
@@ -83,6 +83,7 @@ def decode_chunks(
     BloscLayoutError
         Naming the chunk whose stream did not decode.
     """
+    device, lap = read.device, read.clock.lap
     xp, kernel, isolated = device.xp, route.nvcomp, route.isolated
     targets = list(targets) if targets is not None else [None] * nchunks
     if boxes is not None:
@@ -114,7 +115,7 @@ def decode_chunks(
             continue
         source, src = _pack(xp, buffer, lay.src[idx], lay.clen[idx]) if kernel else (buffer, lay.src[idx])
         srcs = [source[int(p) : int(p) + int(c)] for p, c in zip(src, lay.clen[idx])]
-        result = _decode_streams(device, algo, srcs, lay, idx, isolated)
+        result = _decode_streams(device, algo, srcs, lay, idx, isolated, read.options)
         for s, d in zip(idx, result):
             decoded[int(s)] = d
             if kernel:
@@ -158,15 +159,16 @@ def _destinations(lay: Layout, chunks: list[Any], boxed: list[Box | None]) -> tu
 
 
 def decode_chunks_on_host(
-    chunks: list[Any], expected: int, device: Any, targets: list[Any] | None = None
+    chunks: list[Any], expected: int, device: Any, targets: list[Any] | None, threads: int
 ) -> tuple[list[Any], list[Any]]:
-    """Decode whole Blosc chunks (already checked by :func:`layout`) with c-blosc on CPU
-    threads into pinned memory, and copy them to the device (``targets`` where given).
+    """Decode whole Blosc chunks (already checked by :func:`layout`) with c-blosc on
+    ``threads`` CPU threads into pinned memory, and copy them to the device (``targets``
+    where given).
     Returns the buffers to keep alive and each chunk's decoded bytes on the device."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ...runtime.buffers import pinned_buffer
-    from .batch import host_copies, host_threads, to_device
+    from .batch import host_copies, to_device
 
     n = len(chunks)
     sizes = np.full(n, expected, dtype=np.int64)
@@ -177,7 +179,7 @@ def decode_chunks_on_host(
     def one(i: int) -> None:
         c_blosc_into(srcs[i], pinned[slots[i] : slots[i] + expected], i)
 
-    with ThreadPoolExecutor(max_workers=min(host_threads(), n)) as pool:
+    with ThreadPoolExecutor(max_workers=min(threads, n)) as pool:
         list(pool.map(one, range(n)))
     outs, scratch = device.codecs._outputs([expected] * n, targets, 16)
     to_device(pinned, slots, sizes, outs)
@@ -205,16 +207,13 @@ def c_blosc_into(src: np.ndarray, into: np.ndarray, index: int) -> None:
 
 
 def _decode_streams(
-    device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray, isolated: bool = False
+    device: Any, algo: str, srcs: list[Any], lay: Layout, idx: np.ndarray, isolated: bool, options: Any
 ) -> list[Any]:
-    """Decode with ``Device.codecs`` (one batched call; ``isolated``: in the decoder process);
-    check every decoded length."""
+    """Decode with ``Device.codecs`` (one batched call; ``isolated``: in the decoder process,
+    with the read's settings ``options``); check every decoded length."""
     expected = [int(lay.dlen[s]) for s in idx]  # Blosc's LZ4 streams carry no size prefix
     try:
-        if isolated:
-            result = device.codecs.decode(STREAMS[algo], srcs, expected, isolated=True)
-        else:
-            result = device.codecs.decode(STREAMS[algo], srcs, expected)
+        result = device.codecs.decode(STREAMS[algo], srcs, expected, isolated=isolated, options=options)
     except DecodeFailure as exc:
         raise BloscLayoutError(int(lay.chunk[idx[exc.index]]), f"Blosc {algo} stream: {exc}") from exc
     for s, d in zip(idx, result):

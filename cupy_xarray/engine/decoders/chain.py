@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ...device import to_host
 from ...formats import blosc as blosc_format
 from ...formats import crc32c
 from ...formats.words import le32
@@ -85,12 +86,14 @@ def _steps(codecs: tuple[str, ...], nbytes: int):
         yield name, expected, i == len(codecs) - 1, "crc32c" in codecs[:i]
 
 
-def decode_group(group: Any, device: Any, clock: Any) -> None:
+def decode_group(group: Any, read: Any) -> None:
     """Run one recipe's byte codecs over a group of staged tasks (:class:`~..tasks.Group` of
-    the batches), in batched calls of ``device.codecs``, by whoever the group's route names
-    (``group.route``); ``clock.lap(phase)`` records the time of each."""
+    the batches), in batched calls of the read's ``device.codecs``, by whoever the group's
+    route names (``group.route``), with the read's settings; ``read.clock.lap(phase)``
+    records the time of each."""
     tasks = group.tasks
     recipe = tasks[0].spec.recipe
+    device, clock = read.device, read.clock
     xp = device.xp
     for name, expected, last, _proven in _steps(recipe.bytes_codecs, recipe.nbytes):
         if name == "crc32c":
@@ -101,9 +104,9 @@ def decode_group(group: Any, device: Any, clock: Any) -> None:
                     raise t.error(str(exc)) from exc
             continue
         if name.startswith("blosc-"):
-            _decode_blosc(group, name[len("blosc-") :], expected, device, clock, last)
+            _decode_blosc(group, name[len("blosc-") :], expected, read, last)
             continue
-        aside = _on_host_instead(tasks, _check_frames(tasks, name, expected, device), name, expected, device)
+        aside = _on_host_instead(tasks, _check_frames(tasks, name, expected, xp), name, expected, xp)
         batch = [t for t in tasks if id(t) not in aside]
         clock.lap("decode prep")
         into = [t.target for t in batch] if last and any(t.target is not None for t in batch) else None
@@ -116,6 +119,7 @@ def decode_group(group: Any, device: Any, clock: Any) -> None:
                     into,
                     group.route.nvcomp,
                     group.route.isolated,
+                    read.options,
                 )
                 if batch
                 else []
@@ -145,25 +149,23 @@ def prepares(group: Any) -> bool:
     return group.route.batch_decoders
 
 
-def prepare_group(group: Any, device: Any) -> None:
-    """Start, on the current stream, what a group of staged tasks needs before its decode and
-    that can run while the batch before it decodes (:func:`prepares`): the Blosc chunks'
-    layout and, on a GPU, their streams packed for nvCOMP with their structure checks
+def prepare_group(group: Any, read: Any) -> None:
+    """Start, on the current stream, what a group of staged tasks of ``read`` needs before its
+    decode and that can run while the batch before it decodes (:func:`prepares`): the Blosc
+    chunks' layout and, on a GPU, their streams packed for nvCOMP with their structure checks
     started; kept on ``group.ready`` for :func:`decode_group`."""
     if not prepares(group):
         return
+    device = read.device
     tasks = group.tasks
     cname = tasks[0].spec.recipe.bytes_codecs[0][len("blosc-") :]
-    buffer, lay = _blosc_layout(tasks, cname, tasks[0].spec.recipe.nbytes, device)
+    buffer, lay = _blosc_layout(tasks, cname, tasks[0].spec.recipe.nbytes, device.xp)
     group.ready = (buffer, lay, blosc.ready_streams(device, buffer, lay, group.route))
 
 
-def _blosc_layout(
-    tasks: list[Any], cname: str, expected: int, device: Any
-) -> tuple[Any, blosc_format.Layout]:
-    """The buffer holding a group's Blosc chunks and their layout
-    (:func:`cupy_xarray.formats.blosc.layout`)."""
-    xp = device.xp
+def _blosc_layout(tasks: list[Any], cname: str, expected: int, xp: Any) -> tuple[Any, blosc_format.Layout]:
+    """The buffer holding a group's Blosc chunks (on the device of array module ``xp``) and
+    their layout (:func:`cupy_xarray.formats.blosc.layout`)."""
     staging = tasks[0].staging
     if staging is not None and all(t.staging is staging for t in tasks):
         buffer = staging
@@ -174,7 +176,7 @@ def _blosc_layout(
     lengths = np.array([len(t.data) for t in tasks], dtype=np.int64)
 
     def read_u32(positions: np.ndarray) -> np.ndarray:
-        return le32(device.to_host(buffer[xp.asarray(positions[:, None] + np.arange(4)[None, :])]))
+        return le32(to_host(buffer[xp.asarray(positions[:, None] + np.arange(4)[None, :])]))
 
     try:
         return buffer, blosc_format.layout(read_u32, starts, lengths, expected, cname)
@@ -182,12 +184,12 @@ def _blosc_layout(
         raise tasks[exc.index].error(str(exc)) from exc
 
 
-def _decode_blosc(group: Any, cname: str, expected: int, device: Any, clock: Any, last: bool) -> None:
+def _decode_blosc(group: Any, cname: str, expected: int, read: Any, last: bool) -> None:
     """Blosc chunks: structure checked on the host, streams decoded in batches, blocks unshuffled."""
-    tasks = group.tasks
+    tasks, device, clock = group.tasks, read.device, read.clock
     ready, group.ready = group.ready, None
     if ready is None:
-        buffer, lay = _blosc_layout(tasks, cname, expected, device)
+        buffer, lay = _blosc_layout(tasks, cname, expected, device.xp)
         streams = None
     else:
         buffer, lay, streams = ready
@@ -195,11 +197,14 @@ def _decode_blosc(group: Any, cname: str, expected: int, device: Any, clock: Any
     try:
         targets = [t.target for t in tasks] if last else None
         if not group.route.batch_decoders:
-            owners, views = blosc.decode_chunks_on_host([t.data for t in tasks], expected, device, targets)
+            threads = read.options.host_decode_threads()
+            owners, views = blosc.decode_chunks_on_host(
+                [t.data for t in tasks], expected, device, targets, threads
+            )
         else:
             boxes = [t.box for t in tasks] if last else None
             owners, views = blosc.decode_chunks(
-                buffer, lay, len(tasks), expected, device, group.route, clock.lap, targets, streams, boxes
+                buffer, lay, len(tasks), expected, read, group.route, targets, streams, boxes
             )
     except blosc_format.BloscLayoutError as exc:
         raise tasks[exc.index].error(str(exc)) from exc
@@ -212,31 +217,32 @@ def _decode_blosc(group: Any, cname: str, expected: int, device: Any, clock: Any
 
 
 def _on_host_instead(
-    tasks: list[Any], problems: dict[int, str], name: str, expected: int, device: Any
+    tasks: list[Any], problems: dict[int, str], name: str, expected: int, xp: Any
 ) -> dict[int, Any]:
     """Streams the batched checks refuse get a second look on the host: a chunk of several
     zstd frames or gzip members is valid Zarr (zarr-python reads it) that the batch's one
     stream per chunk does not model; the host's decoder, which checks everything, decodes it
-    or the first refusal is raised. Returns the decoded bytes by task (on ``device``)."""
+    or the first refusal is raised. Returns the decoded bytes by task (arrays of ``xp``)."""
     done: dict[int, Any] = {}
     for t in tasks:
         problem = problems.get(id(t))
         if problem is None:
             continue
         try:
-            out = stream(name).decode_host(device.to_host(t.data), expected, None)
+            out = stream(name).decode_host(to_host(t.data), expected, None)
         except Exception as exc:  # noqa: BLE001 - the batch's own finding is the one to report
             raise t.error(problem) from exc
         if len(out) != expected:
             raise t.error(problem)
-        done[id(t)] = device.asarray(np.ascontiguousarray(out))
+        done[id(t)] = xp.asarray(np.ascontiguousarray(out))
     return done
 
 
-def _check_frames(tasks: list[Any], name: str, expected: int, device: Any) -> dict[int, str]:
-    """Check every stream's header/trailer on the host (one gather, one small copy); what is
-    wrong with each stream that fails, by task."""
-    xp, host = device.xp, device.to_host
+def _check_frames(tasks: list[Any], name: str, expected: int, xp: Any) -> dict[int, str]:
+    """Check every stream's header/trailer on the host (one gather, one small copy; ``xp``:
+    the array module of the streams' device); what is wrong with each stream that fails, by
+    task."""
+    host = to_host
     staging = tasks[0].staging
     shared = staging is not None and all(t.staging is staging for t in tasks)
     if not shared:

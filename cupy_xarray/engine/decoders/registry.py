@@ -7,7 +7,7 @@ streams of one kind, ``BLOSC_STREAMS``).
 
 from __future__ import annotations
 
-from ...options import DECODE_CHOICES, get_options
+from ...options import DECODE_CHOICES, Options
 from .base import StreamDecoder
 from .deflate import GZIP, ZLIB
 from .lz4 import LZ4_BLOCK, LZ4_PREFIXED
@@ -30,11 +30,11 @@ def stream(kind: str) -> StreamDecoder:
         raise ValueError(f"no decoder for {kind!r} streams") from None
 
 
-def decode_choice(value: str | None = None) -> str:
-    """The ``decode=`` choice: the argument, else the ``decode`` option (``set_options``,
-    ``CUPY_XARRAY_DECODE``), else ``"auto"``."""
+def decode_choice(value: str | None, options: Options) -> str:
+    """The ``decode=`` choice: the argument, else the ``decode`` option of ``options``
+    (``set_options``, ``CUPY_XARRAY_DECODE``; by default ``"auto"``)."""
     if value is None:
-        return get_options().decode
+        return options.decode
     if value not in DECODE_CHOICES:
         raise ValueError(f"decode must be 'auto', 'gpu' or 'cpu', got {value!r} (from the decode= argument)")
     return value

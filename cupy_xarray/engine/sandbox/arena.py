@@ -148,8 +148,9 @@ class DeviceArena:
         self.array = self._alloc = None
 
 
-def make_arena(nbytes: int, device: bool) -> HostArena | DeviceArena:
-    return DeviceArena(nbytes) if device else HostArena(nbytes)
+def make_arena(nbytes: int, on_device: bool) -> HostArena | DeviceArena:
+    """An arena of ``nbytes`` in GPU memory (``on_device``) or in shared host memory."""
+    return DeviceArena(nbytes) if on_device else HostArena(nbytes)
 
 
 class Mapped:

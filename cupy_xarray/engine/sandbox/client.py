@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ...options import child_environment, get_options
+from ...options import Options, child_environment
 from ...runtime.buffers import holds_idle_memory
 from ..decoders.base import DecodeFailure, aligned_slots
 from .arena import make_arena
@@ -261,12 +261,12 @@ class _Lease:
     """An arena lent to one batch; the arena goes back to its pool when the lease goes (the
     decoded bytes may be read where they landed until then)."""
 
-    def __init__(self, pool: _ArenaPool, arena: Any) -> None:
-        self.pool, self.arena = pool, arena
+    def __init__(self, pool: _ArenaPool, arena: Any, linger: float) -> None:
+        self.pool, self.arena, self.linger = pool, arena, linger
 
     def __del__(self) -> None:
         try:
-            self.pool.give(self.arena)
+            self.pool.give(self.arena, self.linger)
         except Exception:  # noqa: BLE001 - at interpreter exit the pool may be gone
             pass
 
@@ -309,8 +309,9 @@ class _ArenaPool:
         self.made += 1
         return arena
 
-    def give(self, arena: Any) -> None:
-        linger = get_options().arena_linger
+    def give(self, arena: Any, linger: float) -> None:
+        """Take back an arena, kept free for ``linger`` seconds (the batch's ``arena_linger``
+        option; 0: freed now)."""
         if linger <= 0 or (self.on_device and not self._room_for(arena)):
             self._free_one(arena)
             return
@@ -412,10 +413,10 @@ atexit.register(_close_all)
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def watchdog_seconds(expected_s: float) -> float:
+def watchdog_seconds(expected_s: float, o: Options) -> float:
     """How long a batch expected to take ``expected_s`` may take before its process is killed:
-    a few times what it should take, at least ``decoder_min_wait``, at most ``decoder_timeout``."""
-    o = get_options()
+    a few times what it should take, at least ``decoder_min_wait``, at most ``decoder_timeout``
+    (options of ``o``)."""
     return min(o.decoder_timeout, max(o.decoder_min_wait, 4 * expected_s))
 
 
@@ -428,8 +429,11 @@ def decode_batch(
     expected_s: float,
     fault: str | None = None,
     seconds: dict | None = None,
+    *,
+    options: Options,
 ) -> tuple[list[Any], Any]:
-    """Decode bare streams of ``kind`` in the decoder process: copied into an arena, decoded
+    """Decode bare streams of ``kind`` in the decoder process, with the read's settings
+    ``options`` (``decoder_timeout``, ``decoder_min_wait``, ``arena_linger``): copied into an arena, decoded
     there, checked (status and exact size per stream), and copied into ``into[i]`` where
     given (the others into slots of one new buffer), else left where they landed. Returns
     (outputs, what keeps them: the new buffer, or the lease of the arena they lie in, which
@@ -451,13 +455,13 @@ def decode_batch(
     dst_off = dst_off + in_total
     procs = decoder_processes("nvcomp" if on_device else "host")
     arena = procs.arenas.take(in_total + out_total)
-    lease = _Lease(procs.arenas, arena)  # gives the arena back however this ends
+    lease = _Lease(procs.arenas, arena, options.arena_linger)  # gives the arena back however this ends
     try:
         t1 = time.perf_counter()
         _fill(arena, srcs, src_off, on_device)
         t2 = time.perf_counter()
         msg = (arena.export(), kind, src_off, lens, dst_off, caps, fault)
-        sizes, statuses, spent = procs.run(msg, watchdog_seconds(expected_s))
+        sizes, statuses, spent = procs.run(msg, watchdog_seconds(expected_s, options))
         if seconds is not None:
             seconds.update(arena=t1 - t0, fill=t2 - t1, answer=time.perf_counter() - t2, **spent)
         bad = np.flatnonzero((statuses != 0) | (sizes != caps))
