@@ -79,11 +79,10 @@ def start_decoder_process(options: Options) -> None:
 
 
 def warm_engine(threads: int, options: Options) -> None:
-    """Start what a GPU read would start itself (the CUDA context made already): page-locked
-    memory (cupyx's import, 0.2-0.6 s, which a process's first small read otherwise waits
-    for), the pool of CPU threads, nvCOMP's library, the decoder process (it takes 1.5-2 s to
-    load CUDA and nvCOMP, so it starts now, not at the first large read) and kvikio with its
-    threads. Called on a background thread when a store is opened for the GPU (the decoder
+    """Start what a GPU read would start itself (the CUDA context made already): cupy's pool
+    of page-locked memory, the pool of CPU threads, nvCOMP's library, the decoder process (it
+    takes 1.5-2 s to load CUDA and nvCOMP, so it starts now, not at the first large read) and
+    kvikio with its threads. Called on a background thread when a store is opened for the GPU (the decoder
     process started already there: :func:`start_decoder_process`)."""
     from ..runtime.buffers import pinned_buffer
     from . import host
