@@ -116,15 +116,12 @@ def to_host(x: Any) -> np.ndarray:
     return x.get() if is_cupy_array(x) else np.asarray(x)
 
 
-_block_to_host = to_host
-
-
 def host_copy(data: Any) -> Any:
     """``data`` in host memory: a NumPy copy, or for a dask array, lazily, block by block."""
     if is_dask_array(data):
         meta = np.empty((0,) * data.ndim, dtype=data.dtype)
-        return data.map_blocks(_block_to_host, dtype=data.dtype, meta=meta)
-    return np.array(_block_to_host(data), copy=True)
+        return data.map_blocks(to_host, dtype=data.dtype, meta=meta)
+    return np.array(to_host(data), copy=True)
 
 
 def array_namespace(x: Any):

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..device import CONVERT_HINT, host_copy, is_cupy_array, is_dask_array, require_gpu
+from ..device import CONVERT_HINT, host_copy, is_cupy_array, is_dask_array, require_gpu, to_host
 
 
 def _is_dask(data: Any) -> bool:
@@ -89,7 +89,7 @@ class CupyDataArrayAccessor:
         data = self._da.data
         if _is_dask(data):
             data = data.compute()
-        return data.get() if is_cupy_array(data) else np.asarray(data)
+        return to_host(data)
 
     def to_zarr(self, store: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Write this DataArray to a Zarr store, as :meth:`xarray.DataArray.to_zarr` does.
