@@ -5,11 +5,13 @@ loaded; ``"host"``: the CPU decoders, which is how CI runs the same machinery), 
 ``("decode", rid, arena, kind, src_off, src_len, dst_off, dst_cap, fault)`` decodes stream
 ``i`` of the arena (``src_len[i]`` bytes at ``src_off[i]``) into ``dst_cap[i]`` bytes at
 ``dst_off[i]`` and answers ``("done", rid, sizes, statuses, seconds)`` (status 0: decoded;
-``seconds``: mapping the arena and decoding). Up to :data:`IN_FLIGHT` batches decode at once,
-each on a thread and a CUDA stream of its own (nvCOMP's speed is streams in flight). An arena
-is mapped at its first batch and kept until ``("forget", arena_id)``. A failure that may have
-cost its CUDA context answers ``("failed", rid, why)`` and ends the process. ``fault``
-(``"die"``, ``"stall"``) makes it fail on purpose, for tests of the watchdog.
+``seconds``: mapping the arena and decoding). Once ready, it decodes a small stream of zarr's
+default compressors, so that the first batch finds nvCOMP's kernels loaded. Up to
+:data:`IN_FLIGHT` batches decode at once, each on a thread and a CUDA stream of its own
+(nvCOMP's speed is streams in flight). An arena is mapped at its first batch and kept until
+``("forget", arena_id)``. A failure that may have cost its CUDA context answers ``("failed",
+rid, why)`` and ends the process. ``fault`` (``"die"``, ``"stall"``) makes it fail on
+purpose, for tests of the watchdog.
 """
 
 from __future__ import annotations
@@ -60,6 +62,40 @@ def _decode_nvcomp(mapped, kind: str, src_off, src_len, dst_off, dst_cap):
             dst_cap.astype(np.uint64),
         )
     return sizes, statuses
+
+
+#: nvCOMP algorithms whose kernels a new decoder process loads before its first batch: those of
+#: zarr's default compressors (zstd for zarr v3, Blosc LZ4 for v2)
+WARM_ALGORITHMS = ("Zstd", "LZ4")
+
+
+def _warm_nvcomp() -> None:
+    """Decode one small stream of each of :data:`WARM_ALGORITHMS`, so that the first batch does
+    not wait for nvCOMP's kernels to load (and cupy's pool to start) in this process. What
+    fails here, the first batch meets again and reports."""
+    import cupy
+
+    from ...runtime.nvcomp import batched_decoder
+    from ..decoders.registry import STREAMS
+
+    data = np.sin(np.arange(2**14, dtype=np.float32) / 64).tobytes()  # 64 KiB, as a chunk's data
+    for algo in WARM_ALGORITHMS:
+        kind = next((d for d in STREAMS.values() if d.nvcomp == algo), None)
+        decoder = batched_decoder(algo) if kind is not None else None
+        if decoder is None:
+            continue
+        try:
+            bare = cupy.asarray(kind.deframe(np.frombuffer(kind.sample(data), dtype=np.uint8)))
+            out = cupy.empty(len(data), dtype=cupy.uint8)
+            with cupy.cuda.Stream(non_blocking=True):
+                decoder.decode(
+                    np.array([bare.data.ptr], np.uint64),
+                    np.array([bare.size], np.uint64),
+                    np.array([out.data.ptr], np.uint64),
+                    np.array([out.size], np.uint64),
+                )
+        except Exception:  # noqa: BLE001
+            continue
 
 
 #: batches decoded at once (measured on an H200: 1,024 zstd frames of 4 MiB, one call 85 ms;
@@ -129,6 +165,8 @@ def main(argv: list[str]) -> None:
 
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
         outbox.send(("ready", os.getpid()))
+        if mode == "nvcomp":
+            pool.submit(_warm_nvcomp)
         while True:
             try:
                 msg = inbox.recv()
