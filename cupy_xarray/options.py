@@ -59,6 +59,7 @@ class Options:
     read_ahead: str = "auto"
     read_ahead_bytes: int = 2**30
     read_ahead_linger: float = 2.0
+    read_ahead_wait: float = 0.0
     # remote stores
     remote_timeout: float = 120.0
     remote_retries: int = 4
@@ -187,6 +188,9 @@ def _check(options: Options, source: str) -> Options:
         value = getattr(options, name)
         if value is not None and value <= 0:
             raise ValueError(f"{name} must be a positive number or None, got {value!r} ({source})")
+    if options.read_ahead_wait < 0:
+        wait = options.read_ahead_wait
+        raise ValueError(f"read_ahead_wait must be 0 or more seconds, got {wait!r} ({source})")
     for name in ("write_cpu_share_zstd", "write_cpu_share_lz4"):
         if not 0 <= getattr(options, name) <= 1:
             raise ValueError(f"{name} must be between 0 and 1, got {getattr(options, name)!r} ({source})")
@@ -301,7 +305,7 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         too, ``"off"`` never (``CUPY_XARRAY_GATHER``). A read that arrives while another runs
         waits up to ``gather_wait`` seconds (default 2 ms) for others to join it; a read
         alone never waits.
-    read_ahead, read_ahead_bytes, read_ahead_linger
+    read_ahead, read_ahead_bytes, read_ahead_linger, read_ahead_wait
         Where an array's boxes (dask chunks) are asked for in order, read the next ones with
         the box asked for, in one read whose window doubles with each box asked for in order,
         up to ``read_ahead_bytes`` (default 1 GiB; on a GPU, within ``memory_share`` of its free
@@ -309,7 +313,10 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         ``"auto"`` (the default): dask tasks' reads of their blocks on a GPU; ``"on"``: every
         read of an array's boxes in order, CPU reads and lazy selections too; ``"off"``: never
         (``CUPY_XARRAY_READ_AHEAD``). A box not asked for within ``read_ahead_linger`` seconds
-        (default 2) is dropped.
+        (default 2) is dropped. With ``read_ahead_wait`` above 0 (seconds; default 0: off), a box
+        asked for while another window of its array is read waits that long for the asks of
+        other threads, and they are read in one window with as many boxes again after them
+        (dask starts a task on each of its threads at once).
     arena_linger
         Seconds the device memory the decoder process decodes in (mapped once by it: 8 ms
         per GiB on an H200) is kept for the next read once no read uses it (default 2; 0:

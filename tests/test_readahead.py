@@ -49,8 +49,10 @@ def _boxes(order=1):
     return boxes if order == 1 else boxes[::-1]
 
 
-def _ask(ahead, key, budget=2**30, linger=5.0):
+def _ask(ahead, key, budget=2**30, linger=5.0, reads=None):
     handled, value = ahead.get(key, lambda: budget, linger)
+    if not handled and reads is not None:  # read by the asker, as the backend does
+        return reads([key])[0]
     assert handled
     return value
 
@@ -58,13 +60,16 @@ def _ask(ahead, key, budget=2**30, linger=5.0):
 @pytest.mark.parametrize("order", [1, -1])
 def test_the_window_doubles_in_order_and_reads_no_box_twice(order):
     """Boxes asked in order (onwards or backwards, as dask may run them) are read in windows
-    of 1, 2, 4, ... boxes; every box is read once and each ask gets its own box."""
+    of 1, 2, 4, ... boxes; every box is read once and each ask gets its own box. Backwards,
+    the last boxes (which end at the array's end, and do not show a whole box's extent) are
+    read by their askers until a box that does sets the grid."""
     reads = Reads()
     ahead = ReadAhead(SHAPE, 4, reads)
     for key in _boxes(order):
-        assert _ask(ahead, key) == (key[0].start, key[1].start, key[2].start)
+        assert _ask(ahead, key, reads=reads) == (key[0].start, key[1].start, key[2].start)
     sizes = [len(c) for c in reads.calls]
-    assert sizes[:4] == [1, 2, 4, 8], sizes
+    alone = 0 if order == 1 else 7  # (56:60, 0:32, 0:32), the 8th backwards, is a whole box
+    assert sizes[: alone + 4] == [1] * alone + [1, 2, 4, 8], sizes
     read = [k for c in reads.calls for k in c]
     assert sorted(map(str, read)) == sorted(map(str, _boxes())) and ahead.held() == 0
     assert ahead.hits == 64 - len(reads.calls)
@@ -74,10 +79,10 @@ def test_a_selection_read_once_reads_only_itself_and_out_of_order_starts_again()
     reads = Reads()
     ahead = ReadAhead(SHAPE, 4, reads)
     boxes = _boxes()
-    _ask(ahead, boxes[10])
-    assert reads.calls == [[boxes[10]]]
-    _ask(ahead, boxes[11])  # in order: two boxes
-    assert reads.calls[-1] == boxes[11:13]
+    _ask(ahead, boxes[8])
+    assert reads.calls == [[boxes[8]]]
+    _ask(ahead, boxes[9])  # in order: two boxes
+    assert reads.calls[-1] == boxes[9:11]
     _ask(ahead, boxes[40])  # a jump: one box again
     assert reads.calls[-1] == [boxes[40]]
     handled, _ = ahead.get((slice(1, 5), slice(0, 32), slice(0, 32)), lambda: 2**30, 5.0)
@@ -148,6 +153,119 @@ def test_threads_asking_at_once_each_get_their_box():
     assert sum(len(c) for c in reads.calls) == 64  # none read twice
 
 
+def _asks_during_a_first_read(others: int, budget) -> tuple[Reads, ReadAhead, dict, list, list]:
+    """Box 0 asked first, its read held until boxes 1..``others`` are asked on threads of
+    their own (each waiting up to 0.3 s for the others): the reads made, the read-ahead, what
+    each ask got, the errors raised and the threads (all ended, none waiting for ever)."""
+    release, started = threading.Event(), threading.Event()
+    reads = Reads()
+
+    def slow(keys):
+        if not started.is_set():
+            started.set()
+            release.wait(10)  # the first read runs while the other asks arrive
+        return reads(keys)
+
+    ahead = ReadAhead(SHAPE, 4, slow)
+    boxes = _boxes()
+    got, errors = {}, []
+
+    def ask(j):
+        try:
+            got[j] = ahead.get(boxes[j], budget, 5.0, 0.3)[1]
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    first = threading.Thread(target=ask, args=(0,))
+    first.start()
+    assert started.wait(5)
+    threads = [first] + [threading.Thread(target=ask, args=(j,)) for j in range(1, others + 1)]
+    for t in threads[1:]:
+        t.start()
+    time.sleep(0.1)
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    return reads, ahead, got, errors, threads
+
+
+def _starts(j: int) -> tuple[int, int, int]:
+    return 4 * (j // 4), 32 * (j // 2 % 2), 32 * (j % 2)
+
+
+def test_asks_made_while_a_window_is_read_are_read_together_with_the_boxes_after_them():
+    """dask starts a task on each thread at once: the asks that arrive while the first box is
+    read gather (``wait_s``) into one window, which also reads as many boxes again after them;
+    each ask gets its own box, none is read twice."""
+    reads, ahead, got, errors, _ = _asks_during_a_first_read(5, lambda: 2**30)
+    boxes = _boxes()
+    assert not errors
+    assert sorted(got) == list(range(6)) and all(got[j] == _starts(j) for j in got)
+    assert len(reads.calls) == 2 and reads.calls[0] == [boxes[0]]
+    assert sorted(map(str, reads.calls[1])) == sorted(map(str, boxes[1:11]))  # 5 asked, 5 after
+    assert ahead.held() == 5
+
+
+def test_a_party_whose_window_cannot_be_planned_answers_every_ask():
+    """Where planning a gathered window fails (here its budget), its opener gets the error
+    and the asks that joined it read their own boxes: none waits for ever."""
+
+    def budget():
+        raise RuntimeError("no memory figure")
+
+    _, _, got, errors, _ = _asks_during_a_first_read(4, budget)
+    assert len(errors) == 1 and "no memory figure" in str(errors[0])
+    assert 0 in got and len(got) == 4  # the opener of the party (one of 1-4) got the error
+    assert all(got[j] == _starts(j) for j in got)
+
+
+def _dask_like_boxes(extent=(12, 48, 48)):
+    """The boxes of a dask grid of ``extent`` over SHAPE, the last of each axis cut short."""
+    axes = [[slice(a, min(a + e, n)) for a in range(0, n, e)] for e, n in zip(extent, SHAPE)]
+    return [(t, y, x) for t in axes[0] for y in axes[1] for x in axes[2]]
+
+
+def test_a_short_last_box_asked_first_does_not_set_the_grid():
+    """dask's last box (cut short by the array's end) asked first is read by its asker; the
+    grid comes from the next whole box, and every ask gets exactly its own box."""
+    keys_read = []
+    ahead = ReadAhead(SHAPE, 4, lambda keys: keys_read.extend(keys) or list(keys))
+    boxes = _dask_like_boxes()
+    handled, _ = ahead.get(boxes[-1], lambda: 2**30, 5.0)
+    assert not handled
+    for key in boxes[:-1]:
+        assert _ask(ahead, key) == key
+    assert sorted(map(str, keys_read)) == sorted(map(str, boxes[:-1]))  # none twice, the last not again
+
+
+def test_threads_asking_in_any_order_each_get_their_own_box():
+    """Asks of dask's threads in a shuffled order, gathering into windows: each gets its own
+    box (its own shape), whatever box came first."""
+    rng = np.random.default_rng(1)
+    boxes = _dask_like_boxes()
+    for _ in range(5):
+        ahead = ReadAhead(SHAPE, 4, lambda keys: (time.sleep(0.002), list(keys))[1])
+        order = rng.permutation(len(boxes))
+        got, errors = {}, []
+
+        def work(part, ahead=ahead, got=got, errors=errors):
+            try:
+                for i in part:
+                    handled, value = ahead.get(boxes[i], lambda: 2**30, 5.0, 0.002)
+                    got[i] = value if handled else boxes[i]
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(order[k::8],)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert all(got[i] == boxes[i] for i in range(len(boxes)))
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("ahead") / "f.zarr"
@@ -158,18 +276,20 @@ def store(tmp_path_factory) -> str:
     return str(path)
 
 
-def _open(store, device, chunks, mode):
-    with cupy_xarray.set_options(read_ahead=mode), warnings.catch_warnings():
+def _open(store, device, chunks, mode, wait=0.0):
+    with cupy_xarray.set_options(read_ahead=mode, read_ahead_wait=wait), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return xr.open_dataset(store, engine="kvikio", device=device, chunks=chunks, consolidated=False)
 
 
-@pytest.mark.parametrize("chunks", [{}, "auto", {"t": 8}])
-def test_dask_reads_through_read_ahead_equal_zarr(store, device, chunks):
-    """A dask load with read-ahead equals zarr-python's (values, indexes, encoding), reads
-    every chunk once, in fewer engine reads than dask tasks."""
+@pytest.mark.parametrize("wait", [0.0, 0.002])
+@pytest.mark.parametrize("chunks", [{}, "auto", {"t": 8}, {"t": 12}])
+def test_dask_reads_through_read_ahead_equal_zarr(store, device, chunks, wait):
+    """A dask load with read-ahead (its asks gathered into windows where ``read_ahead_wait``
+    is set; dask chunks cut short at the array's end) equals zarr-python's (values, indexes,
+    encoding), reads every chunk once, in fewer engine reads than dask tasks."""
     ref = xr.open_dataset(store, engine="zarr", chunks=chunks, consolidated=False)
-    ds = _open(store, device, chunks, "on")
+    ds = _open(store, device, chunks, "on", wait)
     tasks = ds["f"].data.npartitions
     with record_reads() as reports:
         got = ds.load()

@@ -144,7 +144,9 @@ class KvikioBackendArray(BackendArray):
                 return out
         ahead = self._ahead()
         if ahead is not None:
-            handled, out = ahead.get(key, self._ahead_budget, self.options.read_ahead_linger)
+            handled, out = ahead.get(
+                key, self._ahead_budget, self.options.read_ahead_linger, self.options.read_ahead_wait
+            )
             if handled:
                 return out
         return self._read_requests([(self.spec, key)])[0]

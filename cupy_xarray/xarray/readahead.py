@@ -52,6 +52,8 @@ def wanted(mode: str, on_gpu: Callable[[], bool]) -> bool:
 
 #: the most boxes one window holds
 MAX_BOXES = 4096
+#: how much a window grows with each box asked for in order
+GROWTH = 2
 
 
 class _Slot:
@@ -93,30 +95,48 @@ class ReadAhead:
         self._window = 1
         self._last: int | None = None  # the box last asked for
         self._timer: threading.Timer | None = None
+        self._party: list[tuple] | None = None  # (flat, key, slot) of asks gathering into a window
+        self._reading = 0  # windows being read now
+        self._early: list[tuple[list[int], list[int]]] = []  # boxes asked before the grid was known
         #: boxes read ahead that a task took, and that were dropped unasked (tests, reports)
         self.hits = 0
         self.dropped = 0
 
-    def get(self, key: tuple, budget: Callable[[], int], linger: float) -> tuple[bool, Any]:
+    def get(
+        self, key: tuple, budget: Callable[[], int], linger: float, wait_s: float = 0.0
+    ) -> tuple[bool, Any]:
         """``(True, array)`` for the box ``key`` (a tuple of slices), read now with the next
         boxes or taken from an earlier window; ``(False, None)`` where ``key`` is no box of
         the array's grid (the caller reads it). ``budget()``: the bytes a window may hold,
-        asked where a window would grow."""
-        flat = self._flat(key)
-        if flat is None:
+        asked where a window would grow. ``wait_s``: where another window of the array is
+        being read, how long a box not read yet waits for the asks of other threads, so
+        that they are read in one window (dask starts a task on each of its threads at once)."""
+        box = _box(key, self.shape)
+        if box is None:
             return False, None
+        lead = False
         with self._lock:
+            flat = self._flat(*box)
+            if flat is None:
+                return False, None
             self._drop_expired(linger)
             slot = self._held.pop(flat, None)
             if slot is None and flat in self._served:  # asked again: a new pass over the array
                 self._served.clear()
                 self._last = None
             last, self._last = self._last, flat
-            step = 0  # the order boxes are asked in: 1 onwards, -1 backwards (as dask may run them)
-            if last is not None and 0 < abs(flat - last) <= 2 * self._window + 16:
-                step = 1 if flat > last else -1
             if slot is None:
-                window = self._plan(flat, step, budget)
+                self._served.add(flat)
+                if self._party is not None:  # a window is gathering its boxes: join it
+                    slot = _Slot()
+                    self._party.append((flat, key, slot))
+                elif self._reading and wait_s > 0:
+                    self._party = [(flat, key, None)]
+                    lead = True
+                else:
+                    window = self._plan([(flat, key, None)], last, budget)
+        if lead:
+            window = self._lead(wait_s, last, budget)
         if slot is not None:
             slot.done.wait()
             if not slot.failed:
@@ -126,30 +146,58 @@ class ReadAhead:
             return True, self._read([key])[0]
         return True, self._read_window(window, linger)
 
-    def _plan(self, flat: int, step: int, budget: Callable[[], int]) -> list[tuple[int, _Slot | None]]:
-        """The window from box ``flat`` on, in the order ``step`` (0: none; its slots
-        registered); under the lock."""
+    def _lead(self, wait_s: float, last: int | None, budget: Callable[[], int]) -> list[tuple]:
+        """The window of the party this ask opened, once the others had ``wait_s`` to join;
+        where planning it fails, its other asks read their own boxes (none waits for ever)."""
+        party: list[tuple] = []
+        try:
+            time.sleep(wait_s)
+            with self._lock:
+                party, self._party = self._party or [], None
+                return self._plan(party, last, budget)
+        except BaseException:
+            with self._lock:
+                party, self._party = party or self._party or [], None
+            for _, _, slot in party[1:]:
+                slot.failed = True
+                slot.done.set()
+            raise
+
+    def _plan(self, asked: list[tuple], last: int | None, budget: Callable[[], int]) -> list[tuple]:
+        """The window (``(key, slot)`` pairs) of the boxes ``asked`` (``(flat, key, slot)``:
+        the first one's asker reads it, the others wait on their slots), with the next boxes
+        in the order they are asked in where there is one; its slots registered, and counted
+        as being read until :meth:`_read_window` ends. ``last``: the box asked for before the
+        first. Under the lock."""
+        flats = [j for j, _, _ in asked]
+        lo, hi = min(flats), max(flats)
+        step = 0  # the order boxes are asked in: 1 onwards, -1 backwards (as dask may run them)
+        if len(flats) > 1 and hi - lo <= 2 * len(flats) + 16:
+            step = -1 if last is not None and hi < last else 1
+        elif last is not None and 0 < abs(flats[0] - last) <= 2 * self._window + 16:
+            step = 1 if flats[0] > last else -1
         if step:
             held = sum(1 for s in self._held.values() if s.done.is_set())
             cap = max(1, min(MAX_BOXES, budget() // max(1, self._box_bytes()) - held))
-            self._window = min(cap, self._window * 2)
+            self._window = min(cap, max(self._window * GROWTH, GROWTH * len(flats)))
         else:
             self._window = 1
-        window: list[tuple[int, _Slot | None]] = [(flat, None)]
-        self._served.add(flat)
+        window = [(key, slot) for _, key, slot in asked]
         total = math.prod(self._grid)
-        j, scan = flat + step, 4 * self._window + 64  # (past boxes read already, a few windows on)
+        j = hi + 1 if step > 0 else lo - 1
+        scan = 4 * self._window + 64  # (past boxes read already, a few windows on)
         while step and len(window) < self._window and 0 <= j < total and scan > 0:
             scan -= 1
             if j not in self._held and j not in self._served:
                 slot = self._held[j] = _Slot()
                 self._served.add(j)
-                window.append((j, slot))
+                window.append((self._key(j), slot))
             j += step
+        self._reading += 1
         return window
 
-    def _read_window(self, window: list[tuple[int, _Slot | None]], linger: float) -> Any:
-        keys = [self._key(j) for j, _ in window]
+    def _read_window(self, window: list[tuple], linger: float) -> Any:
+        keys = [key for key, _ in window]
         try:
             values = self._read(keys)
         except BaseException as exc:
@@ -159,6 +207,9 @@ class ReadAhead:
             if len(window) == 1 or not isinstance(exc, Exception):
                 raise
             return self._read(keys[:1])[0]  # its own box alone: its own error, if any
+        finally:
+            with self._lock:
+                self._reading -= 1
         now = time.monotonic()
         for (_, slot), value in zip(window[1:], values[1:]):
             slot.value, slot.when = value, now
@@ -199,32 +250,34 @@ class ReadAhead:
     def _box_bytes(self) -> int:
         return math.prod(self._extent or (1,)) * self.itemsize
 
-    def _flat(self, key: tuple) -> int | None:
-        """The flat index of box ``key`` on the grid of boxes (the grid is set by the first
-        whole box asked for, and set again by a whole box of another extent); None where
-        ``key`` is no box."""
-        if len(key) != len(self.shape) or not all(isinstance(s, slice) and s.step in (None, 1) for s in key):
-            return None
-        starts = [s.start or 0 for s in key]
-        stops = [n if s.stop is None else s.stop for s, n in zip(key, self.shape)]
-        extents = [b - a for a, b in zip(starts, stops)]
-        if any(e <= 0 for e in extents) or any(a < 0 or b > n for a, b, n in zip(starts, stops, self.shape)):
-            return None
-        with self._lock:
-            ext = self._extent
-            if ext is None or not _on_grid(starts, stops, ext, self.shape):
-                if not _on_grid(starts, stops, extents, self.shape):
-                    return None
-                if ext is not None and tuple(extents) != ext:
-                    self._held.clear()  # another grid: what was read ahead is for the old one
-                    self._served.clear()
-                    self._window, self._last = 1, -1
-                ext = self._extent = tuple(extents)
-                self._grid = tuple(-(-n // e) for n, e in zip(self.shape, ext))
-            index = 0
-            for a, e, g in zip(starts, ext, self._grid):
-                index = index * g + a // e
-            return index
+    def _flat(self, starts: list[int], stops: list[int]) -> int | None:
+        """The flat index of box ``starts:stops`` on the grid of boxes; None where it is no
+        box of it. The grid is set by the first box that shows a whole box's extent (one that
+        does not end at the array's end on an axis where it does not start at 0: dask's last
+        boxes are cut short), and set again by such a box of another extent. Under the lock."""
+        ext = self._extent
+        if ext is None or not _on_grid(starts, stops, ext, self.shape):
+            extents = [b - a for a, b in zip(starts, stops)]
+            whole = all(b < n or a == 0 for a, b, n in zip(starts, stops, self.shape))
+            if not whole or not _on_grid(starts, stops, extents, self.shape):
+                if ext is None and len(self._early) < MAX_BOXES:  # its asker reads it: not again
+                    self._early.append((starts, stops))
+                return None
+            if ext is not None:
+                self._held.clear()  # another grid: what was read ahead is for the old one
+                self._served.clear()
+                self._window, self._last = 1, -1
+            ext = self._extent = tuple(extents)
+            self._grid = tuple(-(-n // e) for n, e in zip(self.shape, ext))
+            early, self._early = self._early, []
+            self._served.update(self._index(a, ext) for a, b in early if _on_grid(a, b, ext, self.shape))
+        return self._index(starts, ext)
+
+    def _index(self, starts: list[int], ext: tuple[int, ...]) -> int:
+        index = 0
+        for a, e, g in zip(starts, ext, self._grid):
+            index = index * g + a // e
+        return index
 
     def _key(self, flat: int) -> tuple:
         ext = self._extent or ()
@@ -233,6 +286,18 @@ class ReadAhead:
             idx.append(flat % g)
             flat //= g
         return tuple(slice(i * e, min((i + 1) * e, n)) for i, e, n in zip(reversed(idx), ext, self.shape))
+
+
+def _box(key: tuple, shape: tuple[int, ...]) -> tuple[list[int], list[int]] | None:
+    """The starts and stops of ``key`` where it is a box (a slice of step 1 on every axis,
+    inside the array), else None."""
+    if len(key) != len(shape) or not all(isinstance(s, slice) and s.step in (None, 1) for s in key):
+        return None
+    starts = [s.start or 0 for s in key]
+    stops = [n if s.stop is None else s.stop for s, n in zip(key, shape)]
+    if any(b <= a or a < 0 or b > n for a, b, n in zip(starts, stops, shape)):
+        return None
+    return starts, stops
 
 
 def _on_grid(starts, stops, extent, shape) -> bool:
