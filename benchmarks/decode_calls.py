@@ -2,6 +2,7 @@
 another, and calls in flight at once (each from its own thread, on its own CUDA stream).
 
     python3 decode_calls.py --dir /tmp/pat --size-gib 4 --stores "zstd tiles,lz4 tiles"
+    python3 decode_calls.py --dir /tmp/pat --era5 128   # one call of n frames against CPU threads
 
 The frames are already in device memory, decoded in this process (run it as a process of its
 own: on the stores of ``read_patterns.py``, valid frames). Prints GB/s of decoded bytes, best
@@ -27,10 +28,63 @@ def main() -> None:
     ap.add_argument("--stores", default="zstd tiles")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cuts", default="1,2,4", help="calls the frames are cut into")
+    ap.add_argument("--era5", type=int, default=0, help="steps of an ERA5-like store: its frames instead")
     args = ap.parse_args()
+    if args.era5:
+        era5_floor(Path(args.dir), args.era5, args.repeat)
+        return
     for name in args.stores.split(","):
         path = pattern_store(args.dir, name, args.size_gib)
         measure(path, name, args.repeat, [int(c) for c in args.cuts.split(",")])
+
+
+def era5_floor(root: Path, steps: int, repeat: int) -> None:
+    """One nvCOMP call on the first n frames of an ERA5-like store (``read_patterns.py``:
+    four variables, a 721 x 1440 zstd chunk per step) against 16 CPU threads decoding the
+    same frames (libzstd through the engine's decoder): the least an nvCOMP call costs, beside
+    what CPU threads take for a whole batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cupy
+    from read_patterns import ERA5_VARS, era5_store
+
+    from cupy_xarray.engine.decoders.registry import stream
+    from cupy_xarray.runtime.nvcomp import batched_decoder
+
+    path = era5_store(root, steps)
+    codec, decoder = stream("zstd"), batched_decoder("Zstd")
+    files = sorted(
+        f for v in ERA5_VARS for f in (path / v).rglob("*") if f.is_file() and f.name != "zarr.json"
+    )
+    raw = [np.fromfile(f, np.uint8) for f in files]
+    expected = 721 * 1440 * 4
+    srcs = [cupy.asarray(codec.deframe(r)) for r in raw]
+    n = len(srcs)
+    outs = cupy.empty((n, expected), np.uint8)
+    host = np.empty((n, expected), np.uint8)
+    src_ptrs = np.array([s.data.ptr for s in srcs], np.uint64)
+    src_lens = np.array([len(s) for s in srcs], np.uint64)
+    dst_ptrs = np.array([outs[i].data.ptr for i in range(n)], np.uint64)
+    caps = np.full(n, expected, np.uint64)
+    print(f"ERA5-like: {n} frames of {expected / 2**20:.2f} MiB, ratio {n * expected / src_lens.sum():.2f}")
+    with ThreadPoolExecutor(16) as pool:
+        for k in (1, 4, 16, 32, 64, 128, 256, 512):
+            if k > n:
+                break
+            gpu = cpu = float("inf")
+            for _ in range(repeat + 1):
+                with cupy.cuda.Stream(non_blocking=True):
+                    t0 = time.perf_counter()
+                    _, statuses = decoder.decode(src_ptrs[:k], src_lens[:k], dst_ptrs[:k], caps[:k])
+                    gpu = min(gpu, time.perf_counter() - t0)
+                if (statuses != 0).any():
+                    raise RuntimeError("a frame did not decode")
+                t0 = time.perf_counter()
+                list(pool.map(lambda i: codec.decode_host(raw[i], expected, host[i]), range(k)))
+                cpu = min(cpu, time.perf_counter() - t0)
+            gb = k * expected / 1e9
+            print(f"  {k:4d} frames: nvCOMP, one call {gpu * 1e3:6.1f} ms ({gb / gpu:5.2f} GB/s) | "
+                  f"16 CPU threads {cpu * 1e3:6.1f} ms ({gb / cpu:5.2f} GB/s)")  # fmt: skip
 
 
 def measure(path: Path, name: str, repeat: int, cuts: list[int]) -> None:
