@@ -38,6 +38,21 @@ def main() -> None:
         measure(path, name, args.repeat, [int(c) for c in args.cuts.split(",")])
 
 
+def on_device(codec, framed, expected: int):
+    """The bare streams of ``framed`` (stored streams in host memory) on the device, an output
+    of ``expected`` bytes for each, and the four arrays nvCOMP's batched call takes: source
+    addresses and lengths, output addresses and capacities."""
+    import cupy
+
+    srcs = [cupy.asarray(codec.deframe(f)) for f in framed]
+    outs = cupy.empty((len(srcs), expected), np.uint8)
+    src_ptrs = np.array([s.data.ptr for s in srcs], np.uint64)
+    src_lens = np.array([len(s) for s in srcs], np.uint64)
+    dst_ptrs = np.array([outs[i].data.ptr for i in range(len(srcs))], np.uint64)
+    caps = np.full(len(srcs), expected, np.uint64)
+    return srcs, outs, (src_ptrs, src_lens, dst_ptrs, caps)
+
+
 def era5_floor(root: Path, steps: int, repeat: int) -> None:
     """One nvCOMP call on the first n frames of an ERA5-like store (``read_patterns.py``:
     four variables, a 721 x 1440 zstd chunk per step) against 16 CPU threads decoding the
@@ -58,14 +73,9 @@ def era5_floor(root: Path, steps: int, repeat: int) -> None:
     )
     raw = [np.fromfile(f, np.uint8) for f in files]
     expected = 721 * 1440 * 4
-    srcs = [cupy.asarray(codec.deframe(r)) for r in raw]
+    srcs, outs, (src_ptrs, src_lens, dst_ptrs, caps) = on_device(codec, raw, expected)
     n = len(srcs)
-    outs = cupy.empty((n, expected), np.uint8)
     host = np.empty((n, expected), np.uint8)
-    src_ptrs = np.array([s.data.ptr for s in srcs], np.uint64)
-    src_lens = np.array([len(s) for s in srcs], np.uint64)
-    dst_ptrs = np.array([outs[i].data.ptr for i in range(n)], np.uint64)
-    caps = np.full(n, expected, np.uint64)
     print(f"ERA5-like: {n} frames of {expected / 2**20:.2f} MiB, ratio {n * expected / src_lens.sum():.2f}")
     with ThreadPoolExecutor(16) as pool:
         for k in (1, 4, 16, 32, 64, 128, 256, 512):
@@ -103,13 +113,9 @@ def measure(path: Path, name: str, repeat: int, cuts: list[int]) -> None:
     arr = zarr.open_array(path / "field", mode="r")
     expected = int(np.prod(arr.chunks)) * arr.dtype.itemsize
     files = sorted(f for f in (path / "field").rglob("*") if f.is_file() and f.name != "zarr.json")
-    srcs = [cupy.asarray(codec.deframe(np.fromfile(f, np.uint8))) for f in files]
+    framed = (np.fromfile(f, np.uint8) for f in files)
+    srcs, outs, (src_ptrs, src_lens, dst_ptrs, caps) = on_device(codec, framed, expected)
     n = len(srcs)
-    outs = cupy.empty((n, expected), np.uint8)
-    src_ptrs = np.array([s.data.ptr for s in srcs], np.uint64)
-    src_lens = np.array([len(s) for s in srcs], np.uint64)
-    dst_ptrs = np.array([outs[i].data.ptr for i in range(n)], np.uint64)
-    caps = np.full(n, expected, np.uint64)
     gb = n * expected / 1e9
 
     def call(sl: slice) -> None:

@@ -171,9 +171,6 @@ class Device:
             return x.get()
         return np.asarray(x)
 
-    def to_host(self, x: Any) -> np.ndarray:
-        return to_host(x)
-
     def free_bytes(self) -> int | None:
         """Memory a read may still allocate here (None when unknown)."""
         if self.name == "gpu":

@@ -242,18 +242,17 @@ def _check_frames(tasks: list[Any], name: str, expected: int, xp: Any) -> dict[i
     """Check every stream's header/trailer on the host (one gather, one small copy; ``xp``:
     the array module of the streams' device); what is wrong with each stream that fails, by
     task."""
-    host = to_host
     staging = tasks[0].staging
     shared = staging is not None and all(t.staging is staging for t in tasks)
     if not shared:
-        heads = [host(t.data[:32]).tobytes() for t in tasks]
-        tails = [host(t.data[-4:]).tobytes() for t in tasks]
+        heads = [to_host(t.data[:32]).tobytes() for t in tasks]
+        tails = [to_host(t.data[-4:]).tobytes() for t in tasks]
     else:
         offs = np.array([t.stage for t in tasks], dtype=np.int64)
         lens = np.array([len(t.data) for t in tasks], dtype=np.int64)
         idx_h = offs[:, None] + np.minimum(np.arange(32)[None, :], np.maximum(lens - 1, 0)[:, None])
         idx_t = offs[:, None] + np.maximum(lens[:, None] - 4 + np.arange(4)[None, :], 0)
-        both = host(staging[xp.asarray(np.concatenate([idx_h, idx_t], axis=1))])
+        both = to_host(staging[xp.asarray(np.concatenate([idx_h, idx_t], axis=1))])
         heads = [both[i, : min(32, lens[i])].tobytes() for i in range(len(tasks))]
         tails = [both[i, 32:].tobytes() for i in range(len(tasks))]
     problems: dict[int, str] = {}
@@ -262,8 +261,8 @@ def _check_frames(tasks: list[Any], name: str, expected: int, xp: Any) -> dict[i
         if problem:
             problems[id(t)] = problem
     if not shared:
-        offs = np.zeros(1, np.int64)
-        walked = [stream(name).walk(np, host(t.data), offs, np.array([len(t.data)], np.int64)) for t in tasks]
+        offs, walk = np.zeros(1, np.int64), stream(name).walk
+        walked = [walk(np, to_host(t.data), offs, np.array([len(t.data)], np.int64)) for t in tasks]
         lengths = None if walked[0] is None else [int(w[0]) for w in walked]
     else:
         lengths = stream(name).walk(xp, staging, offs, lens)
