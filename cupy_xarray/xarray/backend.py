@@ -151,10 +151,25 @@ class KvikioBackendArray(BackendArray):
                 return out
         return self._read_requests([(self.spec, key)])[0]
 
-    def _ahead(self) -> ReadAhead | None:
+    def expect(self, keys: list[tuple], token: Any) -> bool:
+        """The boxes the tasks of a dask compute (``token``) will ask for, in the order they
+        run (:mod:`.dask_plan`), handed to the read-ahead where the ``read_ahead`` option has
+        one for dask's reads; whether it took them."""
+        ahead = self._ahead(planning=True)
+        if ahead is None:
+            return False
+        ahead.expect(keys, token)
+        return True
+
+    def unexpect(self, token: Any) -> None:
+        """The compute ``token`` ended (:meth:`expect`)."""
+        if self._readahead is not None:
+            self._readahead.unexpect(token)
+
+    def _ahead(self, planning: bool = False) -> ReadAhead | None:
         """The array's read-ahead (:mod:`.readahead`) where the ``read_ahead`` option has it
-        for this read."""
-        if not readahead.wanted(self.options.read_ahead, self._on_gpu):
+        for this read (``planning``: for the reads of a dask compute about to run)."""
+        if not readahead.wanted(self.options.read_ahead, self._on_gpu, planning):
             return None
         if self._readahead is None:
             with _MAKING_AHEAD:  # dask's first tasks arrive on several threads at once

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from . import dask_plan
 from .readahead import dask_block
 
 
@@ -28,9 +29,11 @@ def _backend_array(data: Any):
     return find_backend_array(data, KvikioBackendArray)
 
 
-def _undecoded_backend(adapter: Any) -> Any:
+def _undecoded_backend(adapter: Any, decoded: bool = False) -> Any:
     """The engine's array under xarray's wrappers when they neither decode nor select
-    (implicit-to-explicit, copy-on-write, a lazy index of the whole array), else None."""
+    (implicit-to-explicit, copy-on-write, a lazy index of the whole array), else None;
+    ``decoded``: also where they decode element by element (CF's scale, offset and mask), so
+    that a block's key reaches the engine as it is."""
     from xarray.core import indexing
 
     from .backend import KvikioBackendArray
@@ -41,17 +44,24 @@ def _undecoded_backend(adapter: Any) -> Any:
         indexing.MemoryCachedArray,
     )
     data = adapter
-    for _ in range(8):
+    for _ in range(16):
         if isinstance(data, KvikioBackendArray):
-            return data
+            return data if data.shape == tuple(adapter.shape) else None
         if isinstance(data, indexing.LazilyIndexedArray):
             whole = all(k == slice(None) for k in data.key.tuple)
             if type(data.key) is not indexing.BasicIndexer or not whole or data.shape != data.array.shape:
                 return None
-        elif type(data) not in passing:
+        elif type(data) not in passing and not (decoded and _elementwise(data)):
             return None
         data = getattr(data, "array", None)
     return None
+
+
+def _elementwise(data: Any) -> bool:
+    """Whether ``data`` is one of xarray's decoding wrappers that keep each element in place."""
+    from xarray.coding import common
+
+    return isinstance(data, common._ElementwiseFunctionArray) and data.shape == data.array.shape
 
 
 def empty_meta(device: Any, ndim: int, dtype: np.dtype) -> Any:
@@ -70,7 +80,7 @@ class EngineChunkSource:
         xarray's ``ImplicitToExplicitIndexingAdapter`` around the lazily decoded variable.
     """
 
-    __slots__ = ("adapter", "direct", "dtype", "ndim", "shape", "token")
+    __slots__ = ("adapter", "direct", "dtype", "engine", "ndim", "shape", "token")
 
     def __init__(self, adapter: Any):
         self.adapter = adapter
@@ -79,6 +89,18 @@ class EngineChunkSource:
         self.ndim = len(self.shape)
         self.token = uuid.uuid4().hex
         self.direct = _undecoded_backend(adapter)
+        self.engine = _undecoded_backend(adapter, decoded=True)  # which sees a block's key as it is
+
+    def expect(self, keys: list[tuple], token: Any) -> bool:
+        """The blocks a dask compute (``token``) will ask for, in the order it runs them
+        (:mod:`.dask_plan`), told to the engine's array where it sees their keys unchanged;
+        whether it took them."""
+        return self.engine is not None and self.engine.expect(keys, token)
+
+    def unexpect(self, token: Any) -> None:
+        """The compute ``token`` ended."""
+        if self.engine is not None:
+            self.engine.unexpect(token)
 
     def __getitem__(self, key: Any) -> Any:
         with dask_block():  # (the ``read_ahead`` setting reads ahead for dask blocks)
@@ -126,6 +148,7 @@ def install() -> None:
             chunks = data.shape
         kwargs["meta"] = empty_meta(backend.resolved_device(), data.ndim, data.dtype)
         kwargs["asarray"] = False
+        dask_plan.install(EngineChunkSource)  # (dask is imported by now)
         return da.from_array(EngineChunkSource(data), chunks, **kwargs)
 
     from_array._cupy_xarray = True

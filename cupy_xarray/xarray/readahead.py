@@ -9,13 +9,21 @@ it. A box asked for out of order starts the window again at one box, so a select
 reads nothing more. A box read ahead and not asked for within ``read_ahead_linger`` seconds is
 dropped. Where a window's read fails, each of its tasks reads its own box (its error, if any,
 names its own chunk).
+
+Where the compute's graph showed which boxes its tasks will ask for (:mod:`.dask_plan`), the
+read-ahead needs no guess: :meth:`ReadAhead.expect` hands it those boxes in the order dask runs
+them, and a box asked for among them is read with the next of them not read yet, up to
+``read_ahead_bytes`` in one window; boxes read for it wait for their tasks until the compute
+ends, and the boxes of no plan are read as above.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import math
+import numbers
 import threading
 import time
 from collections.abc import Callable
@@ -40,14 +48,14 @@ def in_dask_block() -> bool:
     return _in_dask_block.get()
 
 
-def wanted(mode: str, on_gpu: Callable[[], bool]) -> bool:
+def wanted(mode: str, on_gpu: Callable[[], bool], dask: bool = False) -> bool:
     """Whether a read reads ahead, by the ``read_ahead`` setting: ``"on"``: every read of an
     array's boxes in order; ``"auto"``: a dask task's read of its block on a GPU (where dask's
     one-block reads stay too small for the batched route; ``on_gpu()`` is asked only then);
-    ``"off"``: none."""
+    ``"off"``: none. ``dask``: the reads are a dask compute's (without being in its task)."""
     if mode == "on":
         return True
-    return mode == "auto" and in_dask_block() and on_gpu()
+    return mode == "auto" and (dask or in_dask_block()) and on_gpu()
 
 
 #: the most boxes one window holds
@@ -98,6 +106,7 @@ class ReadAhead:
         self._party: list[tuple] | None = None  # (flat, key, slot) of asks gathering into a window
         self._reading = 0  # windows being read now
         self._early: list[tuple[list[int], list[int]]] = []  # boxes asked before the grid was known
+        self._plans: dict[Any, _Plan] = {}  # the boxes computes will ask for, by compute
         #: boxes read ahead that a task took, and that were dropped unasked (tests, reports)
         self.hits = 0
         self.dropped = 0
@@ -111,6 +120,11 @@ class ReadAhead:
         asked where a window would grow. ``wait_s``: where another window of the array is
         being read, how long a box not read yet waits for the asks of other threads, so
         that they are read in one window (dask starts a task on each of its threads at once)."""
+        if self._plans:
+            hk = _plan_key(key, self.shape)
+            planned = None if hk is None else self._get_planned(hk[0], key, budget)
+            if planned is not None:
+                return True, planned[0]
         box = _box(key, self.shape)
         if box is None:
             return False, None
@@ -196,7 +210,7 @@ class ReadAhead:
         self._reading += 1
         return window
 
-    def _read_window(self, window: list[tuple], linger: float) -> Any:
+    def _read_window(self, window: list[tuple], linger: float, drops: bool = True) -> Any:
         keys = [key for key, _ in window]
         try:
             values = self._read(keys)
@@ -214,10 +228,50 @@ class ReadAhead:
         for (_, slot), value in zip(window[1:], values[1:]):
             slot.value, slot.when = value, now
             slot.done.set()
-        if len(window) > 1:
+        if len(window) > 1 and drops:
             with self._lock:
                 self._schedule_drop(linger)
         return values[0]
+
+    def expect(self, keys: list[tuple], token: Any) -> None:
+        """The boxes (tuples of slices) the tasks of the compute ``token`` will ask for, in the
+        order they run; what is no box of the array is left out."""
+        boxes = []
+        for key in keys:
+            hk = _plan_key(key, self.shape)
+            if hk is not None:
+                boxes.append((hk[0], key, hk[1] * self.itemsize))
+        if boxes:
+            with self._lock:
+                self._plans[token] = _Plan(boxes)
+
+    def unexpect(self, token: Any) -> None:
+        """The compute ``token`` ended: what was read for it and not taken is dropped."""
+        with self._lock:
+            plan = self._plans.pop(token, None)
+            if plan is not None:
+                self.dropped += sum(1 for s in plan.slots.values() if s.done.is_set())
+                plan.slots.clear()
+
+    def _get_planned(self, hk: tuple, key: tuple, budget: Callable[[], int]) -> tuple[Any] | None:
+        """``(array,)`` for a box a plan holds (taken from its window, or read with the next
+        boxes of the plan), else None."""
+        with self._lock:
+            plan = next((p for p in self._plans.values() if hk in p.left), None)
+            if plan is None:
+                return None
+            slot = plan.take(hk)
+            if slot is None:
+                window = plan.window(hk, key, budget)
+                self._reading += 1
+        if slot is not None:
+            slot.done.wait()
+            if not slot.failed:
+                with self._lock:
+                    self.hits += 1
+                return (slot.value,)
+            return (self._read([key])[0],)
+        return (self._read_window(window, linger=0.0, drops=False),)
 
     def _schedule_drop(self, linger: float) -> None:
         """Under the lock: drop boxes nobody asked for once they lingered (one timer at a time)."""
@@ -286,6 +340,85 @@ class ReadAhead:
             idx.append(flat % g)
             flat //= g
         return tuple(slice(i * e, min((i + 1) * e, n)) for i, e, n in zip(reversed(idx), ext, self.shape))
+
+
+class _Plan:
+    """The boxes one compute will ask for, in order, and the slots of those read for it.
+
+    Parameters
+    ----------
+    boxes
+        ``(hkey, key, nbytes)`` of each box its tasks will ask for, in the order they run; a
+        box asked for by several tasks appears as often.
+    """
+
+    def __init__(self, boxes: list[tuple]) -> None:
+        self.boxes = boxes
+        self.left: dict[tuple, int] = {}  # asks to come, by box
+        self.at: dict[tuple, int] = {}  # its first place in the order
+        for i, (hk, _, _) in enumerate(boxes):
+            self.left[hk] = self.left.get(hk, 0) + 1
+            self.at.setdefault(hk, i)
+        self.slots: dict[tuple, _Slot] = {}  # boxes read (or being read) for asks to come
+        self.first = 0  # no box before this place is left to read
+
+    def take(self, hk: tuple) -> _Slot | None:
+        """The slot of box ``hk`` where it was read (or is being read) for this ask, which is
+        counted; None where its asker reads it."""
+        left = self.left[hk] - 1
+        if left:
+            self.left[hk] = left
+        else:
+            del self.left[hk]
+        slot = self.slots.get(hk)
+        if slot is not None and not left:
+            del self.slots[hk]
+        return slot
+
+    def window(self, hk: tuple, key: tuple, budget: Callable[[], int]) -> list[tuple]:
+        """The window (``(key, slot)`` pairs) of an ask of box ``hk`` that is not read yet: it,
+        then the boxes of the plan after it that no window holds, then those before it, up to
+        ``budget()`` bytes with the boxes read and not taken; their slots registered."""
+        held = sum(self.boxes[self.at[h]][2] for h in self.slots)
+        room = budget() - held - self.boxes[self.at[hk]][2]
+        window = [(key, None)]  # (asked for again later, it is read again then)
+        start = self.at[hk] + 1
+        for i in itertools.chain(range(start, len(self.boxes)), range(self.first, start - 1)):
+            h, k, nbytes = self.boxes[i]
+            if h in self.slots or h not in self.left or h == hk:
+                continue
+            if nbytes > room or len(window) >= MAX_BOXES:
+                break
+            room -= nbytes
+            self.slots[h] = _Slot()
+            window.append((k, self.slots[h]))
+        while self.first < len(self.boxes) and self._read_or_taken(self.boxes[self.first][0]):
+            self.first += 1
+        return window
+
+    def _read_or_taken(self, hk: tuple) -> bool:
+        return hk in self.slots or hk not in self.left
+
+
+def _plan_key(key: tuple, shape: tuple[int, ...]) -> tuple[tuple, int] | None:
+    """A hashable form of ``key`` (ints and slices of step 1, one per axis, as dask's block
+    reads are) and the elements it selects; None for any other key."""
+    if type(key) is not tuple or len(key) != len(shape):
+        return None
+    parts: list = []
+    size = 1
+    for k, n in zip(key, shape):
+        if isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            if step != 1 or stop <= start:
+                return None
+            parts.append((start, stop))
+            size *= stop - start
+        elif isinstance(k, numbers.Integral) and not isinstance(k, bool) and -n <= k < n:
+            parts.append(int(k) % n)
+        else:
+            return None
+    return tuple(parts), size
 
 
 def _box(key: tuple, shape: tuple[int, ...]) -> tuple[list[int], list[int]] | None:

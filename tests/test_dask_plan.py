@@ -1,0 +1,210 @@
+"""The read-ahead planned from dask's graph (:mod:`cupy_xarray.xarray.dask_plan`): a compute's
+blocks read in windows of what its tasks will ask, selections read nothing more, the plan ends
+with the compute, failures stay each block's own; results equal zarr-python's."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from conftest import host
+
+import cupy_xarray
+from cupy_xarray import record_reads
+from cupy_xarray.errors import ChunkError
+from cupy_xarray.xarray import dask_plan
+from cupy_xarray.xarray.chunked import EngineChunkSource
+from cupy_xarray.xarray.readahead import ReadAhead
+
+SHAPE, BOX = (64, 64, 64), (4, 32, 32)  # 16 x 2 x 2 chunks of 16 KiB
+CHUNKS = 64
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("plan") / "f.zarr"
+    rng = np.random.default_rng(1)
+    ds = xr.Dataset(
+        {
+            "f": (("t", "y", "x"), rng.standard_normal(SHAPE).astype("f4")),
+            "g": (("t", "y", "x"), rng.integers(0, 100, SHAPE).astype("i2")),
+        },
+        coords={"t": np.arange(64)},
+    )
+    ds["g"].encoding.update(scale_factor=0.5, _FillValue=-1)
+    enc = {v: {"chunks": BOX, "compressors": zarr.codecs.ZstdCodec(level=1)} for v in ("f", "g")}
+    ds.to_zarr(path, zarr_format=3, consolidated=False, encoding=enc)
+    return str(path)
+
+
+def _open(store, chunks, device="cpu", **settings):
+    settings.setdefault("read_ahead", "on")
+    with cupy_xarray.set_options(**settings), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return xr.open_dataset(store, engine="kvikio", device=device, chunks=chunks, consolidated=False)
+
+
+def _ref(store, chunks=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return xr.open_dataset(store, engine="zarr", chunks=chunks, consolidated=False)
+
+
+def _reads(reports) -> list:
+    return list({id(r): r for r in reports}.values())  # (reads gathered across threads share one)
+
+
+def _ahead(ds, name="f") -> ReadAhead | None:
+    """The read-ahead of a dask-backed variable (made where the settings have one)."""
+    graph = dict(ds[name].data.__dask_graph__())
+    source = next(v for v in graph.values() if isinstance(v, EngineChunkSource))
+    return source.engine._ahead(planning=True)
+
+
+@pytest.mark.parametrize("chunks", [{}, "auto", {"t": 8}, {"t": 12, "y": 48}])
+def test_a_dask_load_reads_its_chunks_in_one_window(store, device, chunks):
+    """With the plan, a load of a variable is one engine read of its 64 chunks, whatever the
+    dask chunks (cut short at the array's end included), and equals zarr-python's (values,
+    indexes, encoding); CF-decoded variables too."""
+    ds = _open(store, chunks, device)
+    ahead, tasks = _ahead(ds), ds["f"].data.npartitions
+    with record_reads() as reports, dask.config.set(scheduler="threads", num_workers=8):
+        got = ds.load()
+    reads = _reads(reports)
+    assert sorted(r.arrays[0] for r in reads) == ["f", "g"], [r.chunks for r in reads]
+    if chunks != {"t": 12, "y": 48}:  # (whose dask chunks share zarr chunks)
+        assert [r.chunks for r in reads] == [CHUNKS, CHUNKS]
+    if device == "gpu":
+        got = got.copy(data={k: host(v.data) for k, v in got.data_vars.items()})
+    xr.testing.assert_identical(got, _ref(store, chunks).load())
+    assert not ahead._plans and not ahead.held()  # the plan ended with the compute
+    assert ahead.hits or tasks == 1
+
+
+def test_the_budget_splits_the_windows_and_every_chunk_is_read_once(store):
+    """``read_ahead_bytes`` of a quarter of the array: windows of at most a quarter, every
+    chunk read once."""
+    nbytes = 64 * 64 * 64 * 4
+    ds = _open(store, {}, read_ahead_bytes=nbytes // 4)
+    with record_reads() as reports, dask.config.set(scheduler="threads", num_workers=4):
+        got = ds["f"].load()
+    reads = _reads(reports)
+    assert sum(r.chunks for r in reads) == CHUNKS
+    assert max(r.chunks for r in reads) <= CHUNKS // 4 and len(reads) >= 4
+    np.testing.assert_array_equal(got.values, _ref(store)["f"].values)
+
+
+@pytest.mark.parametrize(
+    ("select", "needs"),
+    [
+        (lambda a: a.isel(t=5), 4),
+        (lambda a: a.isel(t=slice(10, 14), x=slice(0, 16)), 4),
+        (lambda a: a.isel(t=[3, 40]), 8),
+        (lambda a: a.isel(t=slice(0, 16)).mean("t"), 16),
+    ],
+)
+def test_a_selection_reads_only_its_chunks(store, select, needs):
+    """A selection of a dask-backed variable (fused into each block's read by dask) reads
+    the chunks it lies in, once, and equals zarr-python's with the same dask chunks."""
+    ds = _open(store, {})
+    with record_reads() as reports:
+        got = select(ds["f"]).compute()
+    xr.testing.assert_identical(got, select(_ref(store, {})["f"]).compute())
+    assert sum(r.chunks for r in _reads(reports)) == needs
+
+
+def test_a_reduction_finds_the_block_reads_in_fused_tasks(store):
+    """dask fuses each block's read with the reduction's first step; the plan finds the reads
+    there: the mean's chunks are read in one window."""
+    ds = _open(store, {"t": 8})
+    with record_reads() as reports:
+        got = (ds["f"] * 2).mean(("y", "x")).compute()
+    assert [r.chunks for r in _reads(reports)] == [CHUNKS]
+    xr.testing.assert_identical(got, (_ref(store, {"t": 8})["f"] * 2).mean(("y", "x")).compute())
+
+
+def test_without_the_plan_the_read_ahead_guesses_as_before(store, monkeypatch):
+    """A compute whose graph shows no plan (dask.distributed's workers, a dask without the task
+    spec) reads ahead from the order of the asks: fewer reads than tasks, equal values."""
+    monkeypatch.setattr(dask_plan, "block_reads", lambda *args: iter(()))
+    ds = _open(store, {})
+    with record_reads() as reports, dask.config.set(scheduler="threads", num_workers=4):
+        got = ds["f"].load()
+    reads = _reads(reports)
+    assert sum(r.chunks for r in reads) == CHUNKS and 1 < len(reads) < CHUNKS
+    np.testing.assert_array_equal(got.values, _ref(store)["f"].values)
+
+
+def test_read_ahead_off_plans_nothing(store):
+    ds = _open(store, {}, read_ahead="off")
+    assert _ahead(ds) is None
+    with record_reads() as reports:
+        ds["f"].load()
+    assert len(_reads(reports)) == CHUNKS
+
+
+def test_a_compute_without_engine_arrays_is_left_alone():
+    """The plan looks only at graphs holding the engine's arrays."""
+    import dask.array as da
+
+    seen = []
+    real = ReadAhead.expect
+    x = da.ones((64, 64), chunks=8)
+    try:
+        ReadAhead.expect = lambda self, *a: seen.append(a) or real(self, *a)
+        assert float(x.sum().compute()) == 64 * 64
+    finally:
+        ReadAhead.expect = real
+    assert not seen
+
+
+def test_a_damaged_chunk_fails_its_own_task_and_names_it(store, tmp_path):
+    """A damaged chunk in a planned window: the compute raises the chunk's own ChunkError
+    (naming its array and file), and the plan ends (nothing held)."""
+    import shutil
+
+    path = tmp_path / "bad.zarr"
+    shutil.copytree(store, path)
+    chunk = Path(path) / "f" / "c" / "3" / "1" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-20])  # a zstd frame cut short
+    ds = _open(str(path), {})
+    ahead = _ahead(ds)
+    with dask.config.set(scheduler="threads", num_workers=4):
+        with pytest.raises(ChunkError, match=r"c/3/1/0") as err:
+            ds["f"].load()
+    assert err.value.array == "f"
+    assert not ahead._plans
+    # the other chunks still read, each task its own where its window failed
+    good = ds["f"].isel(t=slice(0, 12)).compute()
+    np.testing.assert_array_equal(good.values, _ref(store)["f"].values[:12])
+
+
+def test_computes_in_threads_each_get_their_own_values(store):
+    """Two threads computing selections of one dataset at once (each compute its own plan, or
+    none where dask's callbacks serve the first) get their own values."""
+    ds = _open(store, {})
+    ref = _ref(store)["f"].values
+    got: dict[int, np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            with dask.config.set(scheduler="threads", num_workers=4):
+                got[i] = ds["f"].isel(t=slice(16 * i, 16 * i + 16)).values
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    for i in range(4):
+        np.testing.assert_array_equal(got[i], ref[16 * i : 16 * i + 16])
