@@ -60,6 +60,7 @@ class Options:
     read_ahead_bytes: int = 2**30
     read_ahead_linger: float = 2.0
     read_ahead_wait: float = 0.0
+    read_ahead_plan: bool = True
     # remote stores
     remote_timeout: float = 120.0
     remote_retries: int = 4
@@ -317,6 +318,12 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
         asked for while another window of its array is read waits that long for the asks of
         other threads, and they are read in one window with as many boxes again after them
         (dask starts a task on each of its threads at once).
+    read_ahead_plan
+        Where a dask compute runs on dask's local schedulers (threads, sync), read ahead the
+        blocks its graph shows its tasks will read (:mod:`~cupy_xarray.xarray.dask_plan`), in
+        the order dask runs them, instead of guessing from the order of the asks: the first
+        block asked for is read with the blocks that follow, up to ``read_ahead_bytes``, in one
+        read; a selection reads only its own blocks. Default True; False: guess as above.
     arena_linger
         Seconds the device memory the decoder process decodes in (mapped once by it: 8 ms
         per GiB on an H200) is kept for the next read once no read uses it (default 2; 0:

@@ -141,6 +141,16 @@ def test_without_the_plan_the_read_ahead_guesses_as_before(store, monkeypatch):
     np.testing.assert_array_equal(got.values, _ref(store)["f"].values)
 
 
+def test_read_ahead_plan_false_guesses(store):
+    """``read_ahead_plan=False``: the read-ahead guesses from the order of the asks."""
+    ds = _open(store, {}, read_ahead_plan=False)
+    ahead = _ahead(ds)
+    with record_reads() as reports, dask.config.set(scheduler="threads", num_workers=4):
+        ds["f"].load()
+    assert 1 < len(_reads(reports)) < CHUNKS
+    assert ahead.hits and not ahead._plans
+
+
 def test_read_ahead_off_plans_nothing(store):
     ds = _open(store, {}, read_ahead="off")
     assert _ahead(ds) is None

@@ -276,20 +276,22 @@ def store(tmp_path_factory) -> str:
     return str(path)
 
 
-def _open(store, device, chunks, mode, wait=0.0):
-    with cupy_xarray.set_options(read_ahead=mode, read_ahead_wait=wait), warnings.catch_warnings():
+def _open(store, device, chunks, mode, wait=0.0, plan=True):
+    settings = dict(read_ahead=mode, read_ahead_wait=wait, read_ahead_plan=plan)
+    with cupy_xarray.set_options(**settings), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return xr.open_dataset(store, engine="kvikio", device=device, chunks=chunks, consolidated=False)
 
 
-@pytest.mark.parametrize("wait", [0.0, 0.002])
+@pytest.mark.parametrize(("wait", "plan"), [(0.0, True), (0.0, False), (0.002, False)])
 @pytest.mark.parametrize("chunks", [{}, "auto", {"t": 8}, {"t": 12}])
-def test_dask_reads_through_read_ahead_equal_zarr(store, device, chunks, wait):
-    """A dask load with read-ahead (its asks gathered into windows where ``read_ahead_wait``
-    is set; dask chunks cut short at the array's end) equals zarr-python's (values, indexes,
-    encoding), reads every chunk once, in fewer engine reads than dask tasks."""
+def test_dask_reads_through_read_ahead_equal_zarr(store, device, chunks, wait, plan):
+    """A dask load with read-ahead (planned from dask's graph, or guessed from the order of
+    the asks, gathered into windows where ``read_ahead_wait`` is set; dask chunks cut short at
+    the array's end) equals zarr-python's (values, indexes, encoding), reads every chunk
+    once, in fewer engine reads than dask tasks."""
     ref = xr.open_dataset(store, engine="zarr", chunks=chunks, consolidated=False)
-    ds = _open(store, device, chunks, "on", wait)
+    ds = _open(store, device, chunks, "on", wait, plan)
     tasks = ds["f"].data.npartitions
     with record_reads() as reports:
         got = ds.load()

@@ -155,7 +155,7 @@ class KvikioBackendArray(BackendArray):
         """The boxes the tasks of a dask compute (``token``) will ask for, in the order they
         run (:mod:`.dask_plan`), handed to the read-ahead where the ``read_ahead`` option has
         one for dask's reads; whether it took them."""
-        ahead = self._ahead(planning=True)
+        ahead = self._ahead(planning=True) if self.options.read_ahead_plan else None
         if ahead is None:
             return False
         ahead.expect(keys, token)
