@@ -5,15 +5,19 @@ Usage (GPU machine; a store of one variable ``field``, as ``route_table.py`` wri
     python3 benchmarks/dask_windows.py /tmp/routes/zstd-tiles-64.zarr
     python3 benchmarks/dask_windows.py STORE --bytes 1,4 --wait 0,0.002 --rounds 2
 
-Each setting (``read_ahead_bytes`` in GiB x ``read_ahead_wait`` in seconds) loads the store
-with ``chunks={}`` and ``chunks="auto"`` (best of 3, the settings taken in turns), beside an
-eager load, and prints the engine reads the last load made: their sizes, chunks, routes and
-phases, largest first.
+Each setting (``read_ahead_bytes`` in GiB x ``read_ahead_wait`` in seconds x
+``read_ahead_plan``, where the package has it) loads the store with ``chunks={}`` and
+``chunks="auto"`` (best of 3, the settings taken in turns), beside an eager load, and prints
+the engine reads the last load made: their sizes, chunks, routes and phases, largest first.
+``--op mean`` times ``.mean()`` of the dask array instead of its load (against an eager
+load's mean); ``--op sel`` a compute of its first four time steps (against the same
+selection read eagerly).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 import warnings
 
@@ -22,18 +26,25 @@ import xarray as xr
 
 import cupy_xarray
 
+OPS = {
+    "load": lambda a: a,
+    "mean": lambda a: a.mean(),
+    "sel": lambda a: a[:4],
+}
 
-def load(path: str, chunks, settings: dict, repeat: int = 3) -> tuple[float, list]:
-    """Best seconds of ``repeat`` loads of ``field``, and the reports of the last."""
+
+def load(path: str, chunks, settings: dict, repeat: int = 3, op: str = "load") -> tuple[float, list]:
+    """Best seconds of ``repeat`` runs of ``op`` on ``field``, and the reports of the last."""
     best, reports = float("inf"), []
     with cupy_xarray.set_options(**settings):
         for _ in range(repeat):
             ds = xr.open_dataset(path, engine="kvikio", chunks=chunks)
             t0 = time.perf_counter()
             with cupy_xarray.record_reads() as reports:
-                data = ds["field"].data
-                if chunks is not None:
-                    data = data.compute()
+                if chunks is None:
+                    OPS[op](ds["field"][:4].data if op == "sel" else ds["field"].data)
+                else:
+                    OPS[op](ds["field"].data).compute()
                 cupy.cuda.Device().synchronize()
             best = min(best, time.perf_counter() - t0)
     return best, reports
@@ -45,26 +56,35 @@ def main() -> None:
     ap.add_argument("--bytes", default="1,4", help="read_ahead_bytes, GiB")
     ap.add_argument("--wait", default="0,0.002", help="read_ahead_wait, seconds")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--plan", default="1,0", help="read_ahead_plan, where the package has it")
+    ap.add_argument("--op", default="load", choices=sorted(OPS))
     args = ap.parse_args()
     warnings.simplefilter("ignore")
-    nbytes = xr.open_dataset(args.store, engine="kvikio", chunks={})["field"].nbytes
-    eager, _ = load(args.store, None, {})
-    print(f"eager: {nbytes / eager / 1e9:.2f} GB/s")
+    field = xr.open_dataset(args.store, engine="kvikio", chunks={})["field"]
+    nbytes = field[:4].nbytes if args.op == "sel" else field.nbytes
+    eager, _ = load(args.store, None, {}, op=args.op)
+    print(f"eager {args.op}: {nbytes / eager / 1e9:.2f} GB/s")
+    plans = [bool(int(p)) for p in args.plan.split(",")]
+    if not hasattr(cupy_xarray.Options, "read_ahead_plan"):
+        plans = [None]
     for rnd in range(args.rounds):
         for chunks in ({}, "auto"):
-            for gib in (float(b) for b in args.bytes.split(",")):
-                for wait in (float(w) for w in args.wait.split(",")):
-                    settings = {"read_ahead_bytes": int(gib * 2**30), "read_ahead_wait": wait}
-                    t, reports = load(args.store, chunks, settings)
-                    reads = list({id(r): r for r in reports}.values())
-                    label = f"round {rnd} chunks={chunks!r} read_ahead_bytes={gib:g} GiB wait={wait:g}"
-                    speed = f"{nbytes / t / 1e9:.2f} GB/s ({eager / t:.2f}x eager)"
-                    print(f"{label}: {speed}, {len(reads)} engine reads")
-                    for r in sorted(reads, key=lambda r: -r.nbytes)[:4]:
-                        phases = {k: round(v * 1e3) for k, v in r.phases.items() if v > 0.002}
-                        where = str(r.decisions[0]).split(":", 2)[-1][:60] if r.decisions else ""
-                        print(f"    {r.nbytes >> 20:6d} MiB {r.chunks:5d} chunks {r.seconds * 1e3:6.0f} ms"
-                              f" gathered {r.gathered} {phases}{where}")  # fmt: skip
+            for gib, wait, plan in itertools.product(
+                (float(b) for b in args.bytes.split(",")), (float(w) for w in args.wait.split(",")), plans
+            ):
+                settings = {"read_ahead_bytes": int(gib * 2**30), "read_ahead_wait": wait}
+                if plan is not None:
+                    settings["read_ahead_plan"] = plan
+                t, reports = load(args.store, chunks, settings, op=args.op)
+                reads = list({id(r): r for r in reports}.values())
+                label = f"round {rnd} {args.op} chunks={chunks!r} {gib:g} GiB wait={wait:g} plan={plan}"
+                speed = f"{nbytes / t / 1e9:.2f} GB/s ({eager / t:.2f}x eager)"
+                print(f"{label}: {speed}, {len(reads)} engine reads")
+                for r in sorted(reads, key=lambda r: -r.nbytes)[:2]:
+                    phases = {k: round(v * 1e3) for k, v in r.phases.items() if v > 0.002}
+                    where = str(r.decisions[0]).split(":", 2)[-1][:60] if r.decisions else ""
+                    print(f"    {r.nbytes >> 20:6d} MiB {r.chunks:5d} chunks {r.seconds * 1e3:6.0f} ms"
+                          f" gathered {r.gathered} {phases}{where}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,9 +22,17 @@ _INSTALLED: list[Any] = []
 
 
 def install(source_type: type) -> None:
-    """Register the plan among dask's callbacks, once, for arrays whose blocks ``source_type``
-    (the engine's dask chunk source) reads; nothing where dask has no task spec."""
+    """Register the plan among dask's callbacks, once (again where it was lost), for arrays
+    whose blocks ``source_type`` (the engine's dask chunk source) reads; nothing where dask
+    has no task spec."""
     if _INSTALLED:
+        from dask.callbacks import Callback
+
+        callback = _INSTALLED[0]
+        if callback is not None and callback._callback not in Callback.active:
+            # (dask's callbacks are swapped out while a compute runs; two computes in
+            # threads that end in another order than they started can leave them out)
+            callback.register()
         return
     try:
         from dask._task_spec import Task, TaskRef  # noqa: F401
