@@ -132,7 +132,7 @@ def test_a_reduction_finds_the_block_reads_in_fused_tasks(store):
 def test_without_the_plan_the_read_ahead_guesses_as_before(store, monkeypatch):
     """A compute whose graph shows no plan (dask.distributed's workers, a dask without the task
     spec) reads ahead from the order of the asks: fewer reads than tasks, equal values."""
-    monkeypatch.setattr(dask_plan, "block_reads", lambda *args: iter(()))
+    monkeypatch.setattr(dask_plan.ComputePlan, "block_reads", lambda *args: iter(()))
     ds = _open(store, {})
     with record_reads() as reports, dask.config.set(scheduler="threads", num_workers=4):
         got = ds["f"].load()

@@ -151,6 +151,11 @@ class KvikioBackendArray(BackendArray):
                 return out
         return self._read_requests([(self.spec, key)])[0]
 
+    def plans(self) -> bool:
+        """Whether its reads in a dask compute would read ahead by the compute's plan."""
+        opts = self.options
+        return opts.read_ahead_plan and readahead.wanted(opts.read_ahead, self._on_gpu, dask=True)
+
     def expect(self, keys: list[tuple], token: Any) -> bool:
         """The boxes the tasks of a dask compute (``token``) will ask for, in the order they
         run (:mod:`.dask_plan`), handed to the read-ahead where the ``read_ahead`` option has

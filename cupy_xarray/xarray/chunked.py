@@ -91,6 +91,10 @@ class EngineChunkSource:
         self.direct = _undecoded_backend(adapter)
         self.engine = _undecoded_backend(adapter, decoded=True)  # which sees a block's key as it is
 
+    def plans(self) -> bool:
+        """Whether the engine's array would read ahead by a compute's plan (:meth:`expect`)."""
+        return self.engine is not None and self.engine.plans()
+
     def expect(self, keys: list[tuple], token: Any) -> bool:
         """The blocks a dask compute (``token``) will ask for, in the order it runs them
         (:mod:`.dask_plan`), told to the engine's array where it sees their keys unchanged;

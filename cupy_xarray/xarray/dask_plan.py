@@ -35,46 +35,15 @@ def install(source_type: type) -> None:
             callback.register()
         return
     try:
-        from dask._task_spec import Task, TaskRef  # noqa: F401
         from dask.callbacks import Callback
+
+        plan = ComputePlan(source_type)
     except ImportError:  # pragma: no cover - a dask without the task spec: no plans
         _INSTALLED.append(None)
         return
-    plan = ComputePlan(source_type)
     callback = Callback(start_state=plan.start_state, finish=plan.finish)
     callback.register()
     _INSTALLED.append(callback)
-
-
-def block_reads(node: Any, getters: tuple, names: dict | None = None, depth: int = 0):
-    """``(source key, selection)`` of each block read in a task of dask's graph, fused
-    tasks' inner graphs included (``names``: what an inner graph's input keys stand for)."""
-    from dask._task_spec import DataNode, Task, TaskRef
-
-    if not isinstance(node, Task) or depth > 16:
-        return
-    names = names or {}
-
-    def value(arg: Any) -> Any:  # an argument as the outer graph names it
-        if isinstance(arg, TaskRef):
-            arg = names.get(arg.key, arg)
-        return arg.value if isinstance(arg, DataNode) else arg
-
-    if node.func in getters:
-        if len(node.args) >= 2:
-            source, sel = value(node.args[0]), value(node.args[1])
-            if isinstance(source, TaskRef) and type(sel) is tuple:
-                yield source.key, sel
-        return
-    if node.has_subgraph():
-        inner, _, inkeys, *outer = node.args
-        inner_names = {k: names.get(a.key, a) if isinstance(a, TaskRef) else a for k, a in zip(inkeys, outer)}
-        for task in inner.values():
-            yield from block_reads(task, getters, inner_names, depth + 1)
-        return
-    for arg in node.args:
-        if isinstance(arg, Task):
-            yield from block_reads(arg, getters, names, depth + 1)
 
 
 class ComputePlan:
@@ -84,26 +53,29 @@ class ComputePlan:
     Parameters
     ----------
     source_type
-        The type of the objects that dask's graphs hold for engine arrays, with ``expect`` and
-        ``unexpect`` methods.
+        The type of the objects that dask's graphs hold for engine arrays, with ``plans`` (whether
+        its reads would follow a plan), ``expect`` and ``unexpect`` methods.
     """
 
     def __init__(self, source_type: type) -> None:
-        self.source_type = source_type
-
-    def start_state(self, dsk: Any, state: dict) -> None:
-        sources = {k: v for k, v in state["cache"].items() if isinstance(v, self.source_type)}
-        if not sources:
-            return
+        from dask._task_spec import DataNode, Task, TaskRef
         from dask.array.core import getter, getter_inline, getter_nofancy
 
-        getters = (getter, getter_inline, getter_nofancy)
+        self.source_type = source_type
+        self.spec = DataNode, Task, TaskRef
+        self.getters = getter, getter_inline, getter_nofancy
+
+    def start_state(self, dsk: Any, state: dict) -> None:
+        kind = self.source_type
+        sources = {k: v for k, v in state["cache"].items() if isinstance(v, kind) and v.plans()}
+        if not sources:
+            return
         rank = {k: i for i, k in enumerate(reversed(state["ready"]))}  # (ready pops its end)
         found: dict[Any, list] = {}
         for key, node in dsk.items():
             if key in sources:
                 continue
-            for ref, sel in block_reads(node, getters):
+            for ref, sel in self.block_reads(node):
                 if ref in sources:
                     found.setdefault(ref, []).append((rank.get(key, len(rank)), sel))
         token = uuid.uuid4().hex
@@ -116,3 +88,34 @@ class ComputePlan:
     def finish(self, dsk: Any, state: dict, errored: bool) -> None:
         for source, token in state.pop("cupy_xarray_plans", ()):
             source.unexpect(token)
+
+    def block_reads(self, node: Any, names: dict | None = None, depth: int = 0):
+        """``(source key, selection)`` of each block read in a task of dask's graph, fused
+        tasks' inner graphs included (``names``: what an inner graph's input keys stand for)."""
+        DataNode, Task, TaskRef = self.spec
+        if not isinstance(node, Task) or depth > 16:
+            return
+        names = names or {}
+
+        def value(arg: Any) -> Any:  # an argument as the outer graph names it
+            if isinstance(arg, TaskRef):
+                arg = names.get(arg.key, arg)
+            return arg.value if isinstance(arg, DataNode) else arg
+
+        if node.func in self.getters:
+            if len(node.args) >= 2:
+                source, sel = value(node.args[0]), value(node.args[1])
+                if isinstance(source, TaskRef) and type(sel) is tuple:
+                    yield source.key, sel
+            return
+        if node.has_subgraph():
+            inner, _, inkeys, *outer = node.args
+            inner_names = {
+                k: names.get(a.key, a) if isinstance(a, TaskRef) else a for k, a in zip(inkeys, outer)
+            }
+            for task in inner.values():
+                yield from self.block_reads(task, inner_names, depth + 1)
+            return
+        for arg in node.args:
+            if isinstance(arg, Task):
+                yield from self.block_reads(arg, names, depth + 1)
