@@ -193,9 +193,10 @@ class KvikioBackendArray(BackendArray):
         """Bytes a read-ahead window may hold: ``read_ahead_bytes``, on a GPU within the
         ``memory_share`` of its free memory."""
         opts = self.options
-        if not self._on_gpu():
+        device = self.resolved_device()
+        if not isinstance(device, Device) or device.host_memory:
             return opts.read_ahead_bytes
-        return min(opts.read_ahead_bytes, int(opts.memory_share * self.resolved_device().free_bytes()))
+        return min(opts.read_ahead_bytes, int(opts.memory_share * device.free_bytes()))
 
     def _read_requests(self, requests: list) -> list[Any]:
         with using(self.options):
