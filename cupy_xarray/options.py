@@ -57,7 +57,7 @@ class Options:
     arena_linger: float = 2.0
     max_chunk_bytes: int = 2**32
     read_ahead: str = "auto"
-    read_ahead_bytes: int = 2**30
+    read_ahead_bytes: int = 4 * 2**30
     read_ahead_linger: float = 2.0
     read_ahead_wait: float = 0.0
     read_ahead_plan: bool = True
@@ -309,7 +309,7 @@ class set_options:  # noqa: N801 - a function-like context manager, as xarray.se
     read_ahead, read_ahead_bytes, read_ahead_linger, read_ahead_wait
         Where an array's boxes (dask chunks) are asked for in order, read the next ones with
         the box asked for, in one read whose window doubles with each box asked for in order,
-        up to ``read_ahead_bytes`` (default 1 GiB; on a GPU, within ``memory_share`` of its free
+        up to ``read_ahead_bytes`` (default 4 GiB; on a GPU, within ``memory_share`` of its free
         memory); the tasks that ask next take their box from it (:mod:`~cupy_xarray.xarray.readahead`).
         ``"auto"`` (the default): dask tasks' reads of their blocks on a GPU; ``"on"``: every
         read of an array's boxes in order, CPU reads and lazy selections too; ``"off"``: never

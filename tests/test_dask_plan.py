@@ -218,3 +218,34 @@ def test_computes_in_threads_each_get_their_own_values(store):
     assert not errors
     for i in range(4):
         np.testing.assert_array_equal(got[i], ref[16 * i : 16 * i + 16])
+
+
+def test_cover_finds_the_box_that_boxes_tile_exactly():
+    from cupy_xarray.xarray.readahead import cover
+
+    shape = (8, 8)
+    tiles = [(slice(a, a + 4), slice(b, b + 4)) for a in (4, 0) for b in (0, 4)]
+    whole, places = cover(tiles, shape)
+    assert whole == (slice(0, 8), slice(0, 8))
+    assert places[0] == (slice(4, 8), slice(0, 4)) and places[3] == (slice(0, 4), slice(4, 8))
+    rows = [(slice(2, 3), slice(0, 8)), (slice(3, 6), slice(0, 8))]
+    assert cover(rows, shape) == (
+        (slice(2, 6), slice(0, 8)),
+        [(slice(0, 1), slice(0, 8)), (slice(1, 4), slice(0, 8))],
+    )
+    assert cover(tiles[:3], shape) is None  # a gap
+    overlap = [(slice(0, 4), slice(0, 8)), (slice(2, 6), slice(0, 8)), (slice(6, 8), slice(0, 8))]
+    assert cover(overlap, shape) is None  # volumes add up to the box's, but two overlap
+    assert cover([(1, slice(0, 8)), (slice(2, 3), slice(0, 8))], shape) is None  # an int
+    assert cover(tiles[:1], shape) is None  # one box: nothing to merge
+
+
+def test_a_planned_window_that_tiles_a_box_is_one_request_of_it(store):
+    """The blocks of a window that tile one box are read as one request of that box (as an
+    eager read of it), each task taking its block's place of it."""
+    ds = _open(store, {"t": 8})
+    with record_reads() as reports:
+        got = ds["f"].load()
+    (read,) = _reads(reports)
+    assert read.arrays == ["f"] and read.chunks == CHUNKS
+    np.testing.assert_array_equal(got.values, _ref(store)["f"].values)

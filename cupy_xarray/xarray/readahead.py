@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 #: set while a dask task reads its block (:class:`~.chunked.EngineChunkSource`)
 _in_dask_block: contextvars.ContextVar[bool] = contextvars.ContextVar("cupy_xarray_dask_block", default=False)
 
@@ -419,6 +421,35 @@ def _plan_key(key: tuple, shape: tuple[int, ...]) -> tuple[tuple, int] | None:
         else:
             return None
     return tuple(parts), size
+
+
+def cover(keys: list[tuple], shape: tuple[int, ...]) -> tuple[tuple, list[tuple]] | None:
+    """Where the boxes ``keys`` tile one box exactly (each place of it in one of them), that
+    box and each key's place in it; else None (a key that is no box, gaps, overlaps)."""
+    if len(keys) < 2:
+        return None
+    boxes = [_box(k, shape) for k in keys]
+    if any(b is None for b in boxes):
+        return None
+    ndim = len(shape)
+    lo = [min(b[0][d] for b in boxes) for d in range(ndim)]
+    hi = [max(b[1][d] for b in boxes) for d in range(ndim)]
+    if sum(math.prod(b - a for a, b in zip(*box)) for box in boxes) != math.prod(
+        b - a for a, b in zip(lo, hi)
+    ):
+        return None
+    cuts = [sorted({a for b in boxes for a in (b[0][d], b[1][d])}) for d in range(ndim)]
+    if math.prod(len(c) - 1 for c in cuts) > 4 * len(boxes) + 64:
+        return None  # (boxes of many sizes: not worth the count)
+    at = [{v: i for i, v in enumerate(c)} for c in cuts]
+    count = np.zeros([len(c) - 1 for c in cuts], np.int32)
+    for starts, stops in boxes:
+        count[tuple(slice(at[d][starts[d]], at[d][stops[d]]) for d in range(ndim))] += 1
+    if not (count == 1).all():
+        return None
+    whole = tuple(slice(a, b) for a, b in zip(lo, hi))
+    places = [tuple(slice(a - o, b - o) for a, b, o in zip(*box, lo)) for box in boxes]
+    return whole, places
 
 
 def _box(key: tuple, shape: tuple[int, ...]) -> tuple[list[int], list[int]] | None:
