@@ -23,6 +23,7 @@ import warnings
 
 import cupy
 import xarray as xr
+from read_throughput import PeakGPUMemory
 
 import cupy_xarray
 
@@ -33,21 +34,26 @@ OPS = {
 }
 
 
-def load(path: str, chunks, settings: dict, repeat: int = 3, op: str = "load") -> tuple[float, list]:
-    """Best seconds of ``repeat`` runs of ``op`` on ``field``, and the reports of the last."""
-    best, reports = float("inf"), []
+def load(path: str, chunks, settings: dict, repeat: int = 3, op: str = "load") -> tuple[float, list, int]:
+    """Best seconds of ``repeat`` runs of ``op`` on ``field``, the reports of the last, and
+    the peak GPU memory of the best."""
+    best, reports, peak = float("inf"), [], 0
     with cupy_xarray.set_options(**settings):
         for _ in range(repeat):
             ds = xr.open_dataset(path, engine="kvikio", chunks=chunks)
-            t0 = time.perf_counter()
-            with cupy_xarray.record_reads() as reports:
-                if chunks is None:
-                    OPS[op](ds["field"][:4].data if op == "sel" else ds["field"].data)
-                else:
-                    OPS[op](ds["field"].data).compute()
-                cupy.cuda.Device().synchronize()
-            best = min(best, time.perf_counter() - t0)
-    return best, reports
+            with PeakGPUMemory() as mem:
+                t0 = time.perf_counter()
+                with cupy_xarray.record_reads() as reports:
+                    if chunks is None:
+                        out = OPS[op](ds["field"][:4].data if op == "sel" else ds["field"].data)
+                    else:
+                        out = OPS[op](ds["field"].data).compute()
+                    cupy.cuda.Device().synchronize()
+                t = time.perf_counter() - t0
+            del out
+            if t < best:
+                best, peak = t, mem.used
+    return best, reports, peak
 
 
 def main() -> None:
@@ -63,8 +69,8 @@ def main() -> None:
     field = xr.open_dataset(args.store, engine="kvikio", chunks={})["field"]
     nbytes = field[:4].nbytes if args.op == "sel" else field.nbytes
     load(args.store, None, {}, repeat=1, op=args.op)  # (a process's first read sets things up)
-    eager, _ = load(args.store, None, {}, op=args.op)
-    print(f"eager {args.op}: {nbytes / eager / 1e9:.2f} GB/s")
+    eager, _, peak = load(args.store, None, {}, op=args.op)
+    print(f"eager {args.op}: {nbytes / eager / 1e9:.2f} GB/s, peak GPU memory {peak / 2**30:.2f} GiB")
     plans = [bool(int(p)) for p in args.plan.split(",")]
     if not hasattr(cupy_xarray.Options, "read_ahead_plan"):
         plans = [None]
@@ -76,10 +82,10 @@ def main() -> None:
                 settings = {"read_ahead_bytes": int(gib * 2**30), "read_ahead_wait": wait}
                 if plan is not None:
                     settings["read_ahead_plan"] = plan
-                t, reports = load(args.store, chunks, settings, op=args.op)
+                t, reports, peak = load(args.store, chunks, settings, op=args.op)
                 reads = list({id(r): r for r in reports}.values())
                 label = f"round {rnd} {args.op} chunks={chunks!r} {gib:g} GiB wait={wait:g} plan={plan}"
-                speed = f"{nbytes / t / 1e9:.2f} GB/s ({eager / t:.2f}x eager)"
+                speed = f"{nbytes / t / 1e9:.2f} GB/s ({eager / t:.2f}x eager), peak {peak / 2**30:.2f} GiB"
                 print(f"{label}: {speed}, {len(reads)} engine reads")
                 for r in sorted(reads, key=lambda r: -r.nbytes)[:2]:
                     phases = {k: round(v * 1e3) for k, v in r.phases.items() if v > 0.002}
