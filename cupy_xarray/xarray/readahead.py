@@ -236,8 +236,8 @@ class ReadAhead:
         return values[0]
 
     def expect(self, keys: list[tuple], token: Any) -> None:
-        """The boxes (tuples of slices) the tasks of the compute ``token`` will ask for, in the
-        order they run; what is no box of the array is left out."""
+        """The boxes (tuples of ints and slices) the tasks of the compute ``token`` will ask
+        for, in the order they run; what is no box of the array is left out."""
         boxes = []
         for key in keys:
             hk = _plan_key(key, self.shape)
