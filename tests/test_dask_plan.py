@@ -249,3 +249,28 @@ def test_a_planned_window_that_tiles_a_box_is_one_request_of_it(store):
     (read,) = _reads(reports)
     assert read.arrays == ["f"] and read.chunks == CHUNKS
     np.testing.assert_array_equal(got.values, _ref(store)["f"].values)
+
+
+def test_blocks_of_a_tiled_window_are_contiguous_arrays_of_their_own(store, device, monkeypatch):
+    """Each task's block taken from a window read as one box is C-contiguous (kernels on
+    strided views run slower) and equals zarr-python's block."""
+    from cupy_xarray.xarray import backend
+
+    handed = []
+    real = backend.KvikioBackendArray._read_boxes
+
+    def read_boxes(self, keys):
+        out = real(self, keys)
+        handed.extend((k, o) for k, o in zip(keys, out) if len(k) == 3)  # (not the index's)
+        return out
+
+    monkeypatch.setattr(backend.KvikioBackendArray, "_read_boxes", read_boxes)
+    ds = _open(store, {}, device)
+    data = ds["f"].data
+    ref = _ref(store)["f"].values
+    with record_reads() as reports:
+        dask.compute(*[data.blocks[5, i, j] for i in (0, 1) for j in (0, 1)])
+    assert len(_reads(reports)) == 1 and len(handed) == 4  # the tiles of t 20:24, one box
+    for key, block in handed:
+        assert block.flags.c_contiguous
+        np.testing.assert_array_equal(host(block), ref[key])
