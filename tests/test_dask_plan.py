@@ -240,14 +240,16 @@ def test_cover_finds_the_box_that_boxes_tile_exactly():
     assert cover(tiles[:1], shape) is None  # one box: nothing to merge
 
 
-def test_a_planned_window_that_tiles_a_box_is_one_request_of_it(store):
-    """The blocks of a window that tile one box are read as one request of that box (as an
-    eager read of it), each task taking its block's place of it."""
-    ds = _open(store, {"t": 8})
+@pytest.mark.parametrize("merge", [True, False])
+def test_a_planned_window_that_tiles_a_box_is_one_request_of_it(store, merge):
+    """With ``read_ahead_merge``, the blocks of a window that tile one box are read as one
+    request of that box (as an eager read of it), each task taking its block's place of it;
+    without, as a request per block."""
+    ds = _open(store, {"t": 8}, read_ahead_merge=merge)
     with record_reads() as reports:
         got = ds["f"].load()
     (read,) = _reads(reports)
-    assert read.arrays == ["f"] and read.chunks == CHUNKS
+    assert (read.arrays == ["f"]) == merge and read.chunks == CHUNKS
     np.testing.assert_array_equal(got.values, _ref(store)["f"].values)
 
 
@@ -265,7 +267,7 @@ def test_blocks_of_a_tiled_window_are_contiguous_arrays_of_their_own(store, devi
         return out
 
     monkeypatch.setattr(backend.KvikioBackendArray, "_read_boxes", read_boxes)
-    ds = _open(store, {}, device)
+    ds = _open(store, {}, device, read_ahead_merge=True)
     data = ds["f"].data
     ref = _ref(store)["f"].values
     with record_reads() as reports:

@@ -187,7 +187,7 @@ class KvikioBackendArray(BackendArray):
         return isinstance(device, Device) and not device.host_memory
 
     def _read_boxes(self, keys: list[tuple]) -> list[Any]:
-        whole = readahead.cover(keys, self.shape)
+        whole = readahead.cover(keys, self.shape) if self.options.read_ahead_merge else None
         if whole is None:
             return self._read_requests([(self.spec, k) for k in keys])
         # boxes that tile one box: one request, as an eager read of it (one output, one plan);
