@@ -15,8 +15,11 @@ dask.distributed's workers see no plan; their reads read ahead as before.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
+
+log = logging.getLogger("cupy_xarray")
 
 _INSTALLED: list[Any] = []
 
@@ -66,6 +69,13 @@ class ComputePlan:
         self.getters = getter, getter_inline, getter_nofancy
 
     def start_state(self, dsk: Any, state: dict) -> None:
+        try:
+            self._start(dsk, state)
+        except Exception:  # a plan only speeds the compute up: never fail it
+            log.debug("no read-ahead plan for this compute", exc_info=True)
+            state.pop("cupy_xarray_plans", None)
+
+    def _start(self, dsk: Any, state: dict) -> None:
         kind = self.source_type
         sources = {k: v for k, v in state["cache"].items() if isinstance(v, kind) and v.plans()}
         if not sources:
@@ -87,7 +97,10 @@ class ComputePlan:
 
     def finish(self, dsk: Any, state: dict, errored: bool) -> None:
         for source, token in state.pop("cupy_xarray_plans", ()):
-            source.unexpect(token)
+            try:
+                source.unexpect(token)
+            except Exception:  # (as above)
+                log.debug("a read-ahead plan did not end cleanly", exc_info=True)
 
     def block_reads(self, node: Any, names: dict | None = None, depth: int = 0):
         """``(source key, selection)`` of each block read in a task of dask's graph, fused
