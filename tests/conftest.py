@@ -49,10 +49,10 @@ def module_of(x) -> str:
     return type(x).__module__.split(".")[0]
 
 
-def run_in_threads(work, count: int) -> list[BaseException]:
+def run_in_threads(work, count: int, timeout: float | None = None) -> list[BaseException]:
     """Run ``work(k)`` for k in range(count), each in its own thread with the test's settings
-    (``set_options`` is per context: each thread starts from a copy of this one's); return
-    what they raised."""
+    (``set_options`` is per context: each thread starts from a copy of this one's), waiting up
+    to ``timeout`` seconds for each (None: for ever); return what they raised."""
     errors: list[BaseException] = []
 
     def guarded(k):
@@ -67,7 +67,7 @@ def run_in_threads(work, count: int) -> list[BaseException]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout)
     return errors
 
 

@@ -4,7 +4,6 @@ with the compute, failures stay each block's own; results equal zarr-python's.""
 
 from __future__ import annotations
 
-import threading
 import warnings
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from conftest import host
+from conftest import host, run_in_threads
 
 import cupy_xarray
 from cupy_xarray import record_reads
@@ -201,21 +200,12 @@ def test_computes_in_threads_each_get_their_own_values(store):
     ds = _open(store, {})
     ref = _ref(store)["f"].values
     got: dict[int, np.ndarray] = {}
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        try:
-            with dask.config.set(scheduler="threads", num_workers=4):
-                got[i] = ds["f"].isel(t=slice(16 * i, 16 * i + 16)).values
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        with dask.config.set(scheduler="threads", num_workers=4):
+            got[i] = ds["f"].isel(t=slice(16 * i, 16 * i + 16)).values
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    assert not run_in_threads(work, 4, timeout=60)
     for i in range(4):
         np.testing.assert_array_equal(got[i], ref[16 * i : 16 * i + 16])
 

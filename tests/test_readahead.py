@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from conftest import host
+from conftest import host, run_in_threads
 
 import cupy_xarray
 from cupy_xarray import record_reads
@@ -134,21 +134,13 @@ def test_threads_asking_at_once_each_get_their_box():
     reads = Reads()
     ahead = ReadAhead(SHAPE, 4, reads)
     boxes = _boxes()
-    got, errors = {}, []
+    got = {}
 
     def work(i):
-        try:
-            for j in range(i, 64, 8):
-                got[j] = _ask(ahead, boxes[j])
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        for j in range(i, 64, 8):
+            got[j] = _ask(ahead, boxes[j])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not run_in_threads(work, 8)
     assert all(got[j] == (b[0].start, b[1].start, b[2].start) for j, b in enumerate(boxes))
     assert sum(len(c) for c in reads.calls) == 64  # none read twice
 
