@@ -6,9 +6,10 @@ Usage (GPU machine; a store of one variable ``field``, as ``route_table.py`` wri
     python3 benchmarks/dask_windows.py STORE --bytes 1,4 --wait 0,0.002 --rounds 2
 
 Each setting (``read_ahead_bytes`` in GiB x ``read_ahead_wait`` in seconds x
-``read_ahead_plan``, where the package has it) loads the store with ``chunks={}`` and
-``chunks="auto"`` (best of 3, the settings taken in turns), beside an eager load, and prints
-the engine reads the last load made: their sizes, chunks, routes and phases, largest first.
+``read_ahead_plan``, where the package has it, x the values of each ``--set NAME=V1,V2``)
+loads the store with ``chunks={}`` and ``chunks="auto"`` (best of 3, the settings taken in
+turns), beside an eager load, and prints the engine reads the last load made: their sizes,
+chunks, routes and phases, largest first.
 ``--op mean`` times ``.mean()`` of the dask array instead of its load (against an eager
 load's mean); ``--op sel`` a compute of its first four time steps (against the same
 selection read eagerly).
@@ -17,6 +18,7 @@ selection read eagerly).
 from __future__ import annotations
 
 import argparse
+import ast
 import itertools
 import time
 import warnings
@@ -64,6 +66,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--plan", default="1,0", help="read_ahead_plan, where the package has it")
     ap.add_argument("--op", default="load", choices=sorted(OPS))
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="NAME=V1,V2",
+        help="a setting's values to compare as well (repeatable; skipped where the package lacks it)",
+    )  # fmt: skip
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     field = xr.open_dataset(args.store, engine="kvikio", chunks={})["field"]
@@ -74,17 +80,25 @@ def main() -> None:
     plans = [bool(int(p)) for p in args.plan.split(",")]
     if not hasattr(cupy_xarray.Options, "read_ahead_plan"):
         plans = [None]
+    extra = {}
+    for item in args.set:
+        name, _, values = item.partition("=")
+        if hasattr(cupy_xarray.Options, name):
+            extra[name] = [ast.literal_eval(v) for v in values.split(",")]
+    variants = [dict(zip(extra, vals)) for vals in itertools.product(*extra.values())]
     for rnd in range(args.rounds):
         for chunks in ({}, "auto"):
-            for gib, wait, plan in itertools.product(
-                (float(b) for b in args.bytes.split(",")), (float(w) for w in args.wait.split(",")), plans
+            sizes = (float(b) for b in args.bytes.split(","))
+            for gib, wait, plan, more in itertools.product(
+                sizes, (float(w) for w in args.wait.split(",")), plans, variants
             ):
-                settings = {"read_ahead_bytes": int(gib * 2**30), "read_ahead_wait": wait}
+                settings = {"read_ahead_bytes": int(gib * 2**30), "read_ahead_wait": wait, **more}
                 if plan is not None:
                     settings["read_ahead_plan"] = plan
                 t, reports, peak = load(args.store, chunks, settings, op=args.op)
                 reads = list({id(r): r for r in reports}.values())
                 label = f"round {rnd} {args.op} chunks={chunks!r} {gib:g} GiB wait={wait:g} plan={plan}"
+                label += "".join(f" {k}={v}" for k, v in more.items())
                 speed = f"{nbytes / t / 1e9:.2f} GB/s ({eager / t:.2f}x eager), peak {peak / 2**30:.2f} GiB"
                 print(f"{label}: {speed}, {len(reads)} engine reads")
                 for r in sorted(reads, key=lambda r: -r.nbytes)[:2]:

@@ -99,7 +99,7 @@ class Options:
     gather_bytes: int = 2 * 2**30
     box_min_row: int = 512
     box_max_copies: int = 16
-    read_ahead_merge: bool = False
+    read_ahead_outputs: str = "each"
     point_wave_bytes: int = 2**30
     # -- how a write (``.cupy.to_zarr``) is cut up (measured on an H200 host with 16 cores;
     # see the contributor guide) -------------------------------------------------------------
@@ -181,6 +181,10 @@ def _check(options: Options, source: str) -> Options:
     if options.force_route not in ("auto", "host", "batch", "share"):
         raise ValueError(
             f"force_route must be 'auto', 'host', 'batch' or 'share', got {options.force_route!r} ({source})"
+        )
+    if options.read_ahead_outputs not in ("each", "one", "box"):
+        raise ValueError(
+            f"read_ahead_outputs must be 'each', 'one' or 'box', got {options.read_ahead_outputs!r} ({source})"
         )
     if options.share_start not in ("decode", "now"):
         raise ValueError(f"share_start must be 'decode' or 'now', got {options.share_start!r} ({source})")

@@ -230,22 +230,23 @@ def test_cover_finds_the_box_that_boxes_tile_exactly():
     assert cover(tiles[:1], shape) is None  # one box: nothing to merge
 
 
-@pytest.mark.parametrize("merge", [True, False])
-def test_a_planned_window_that_tiles_a_box_is_one_request_of_it(store, merge):
-    """With ``read_ahead_merge``, the blocks of a window that tile one box are read as one
-    request of that box (as an eager read of it), each task taking its block's place of it;
-    without, as a request per block."""
-    ds = _open(store, {"t": 8}, read_ahead_merge=merge)
+@pytest.mark.parametrize("how", ["each", "one", "box"])
+def test_a_planned_window_that_tiles_a_box_is_one_request_of_it(store, how):
+    """With ``read_ahead_outputs="box"``, the blocks of a window that tile one box are read as
+    one request of that box (as an eager read of it), each task taking its block's place of
+    it; otherwise as a request per block."""
+    ds = _open(store, {"t": 8}, read_ahead_outputs=how)
     with record_reads() as reports:
         got = ds["f"].load()
     (read,) = _reads(reports)
-    assert (read.arrays == ["f"]) == merge and read.chunks == CHUNKS
+    assert (read.arrays == ["f"]) == (how == "box") and read.chunks == CHUNKS
     np.testing.assert_array_equal(got.values, _ref(store)["f"].values)
 
 
-def test_blocks_of_a_tiled_window_are_contiguous_arrays_of_their_own(store, device, monkeypatch):
-    """Each task's block taken from a window read as one box is C-contiguous (kernels on
-    strided views run slower) and equals zarr-python's block."""
+@pytest.mark.parametrize("how", ["one", "box"])
+def test_blocks_of_a_tiled_window_are_contiguous_arrays_of_their_own(store, device, monkeypatch, how):
+    """Each task's block taken from a window read as one box or into one buffer is
+    C-contiguous (kernels on strided views run slower) and equals zarr-python's block."""
     from cupy_xarray.xarray import backend
 
     handed = []
@@ -257,7 +258,7 @@ def test_blocks_of_a_tiled_window_are_contiguous_arrays_of_their_own(store, devi
         return out
 
     monkeypatch.setattr(backend.KvikioBackendArray, "_read_boxes", read_boxes)
-    ds = _open(store, {}, device, read_ahead_merge=True)
+    ds = _open(store, {}, device, read_ahead_outputs=how)
     data = ds["f"].data
     ref = _ref(store)["f"].values
     with record_reads() as reports:

@@ -182,6 +182,48 @@ def test_many_arrays_one_call(tmp_path, device):
         np.testing.assert_array_equal(host(o), a[:])
 
 
+def _base(x):
+    while getattr(x, "base", None) is not None:
+        x = x.base
+    return x
+
+
+def test_one_buffer_outputs_equal_their_own(tmp_path, device):
+    """``one_buffer=True``: every output (of several arrays and dtypes, one with a chunk
+    missing, int-selected, empty and 0-d ones beside) is cut from one allocation, C-contiguous
+    and 256-byte aligned, and equals the output read on its own."""
+    a = zarr.create_array(tmp_path / "a.zarr", shape=(40, 30), chunks=(8, 10), dtype="f4")
+    a[:] = _data("f4", (40, 30))
+    b = zarr.create_array(
+        tmp_path / "b.zarr", shape=(13, 7), chunks=(4, 4), dtype="<u2", fill_value=7, compressors=None
+    )
+    b[:8] = _data("<u2", (8, 7))  # the last rows' chunks are never written: the fill value
+    c = zarr.create_array(tmp_path / "c.zarr", shape=(), dtype="i8")
+    c[()] = -3
+    sa, sb, sc = array_spec(a), array_spec(b), array_spec(c)
+    requests = [
+        (sa, (slice(0, 8), slice(10, 20))),
+        (sb, (slice(None), slice(1, 6))),
+        (sa, (slice(5, 5), slice(None))),
+        (sa, (3, np.array([29, 0, 4]))),
+        (sc, ()),
+        (sa, (slice(None, None, 3), slice(None))),
+    ]
+    dev = resolve_device(device)
+    outs = read_arrays(requests, dev, one_buffer=True)
+    alone = [read_arrays([r], dev)[0] for r in requests]
+    bases = set()
+    for out, ref, (spec, sel) in zip(outs, alone, requests):
+        assert out.dtype == ref.dtype and out.shape == ref.shape and out.flags.c_contiguous
+        np.testing.assert_array_equal(host(out), host(ref))
+        if out.size:
+            bases.add(id(_base(out)))
+            ptr = out.data.ptr if device == "gpu" else out.ctypes.data
+            assert (ptr - (_base(out).data.ptr if device == "gpu" else _base(out).ctypes.data)) % 256 == 0
+    assert len(bases) == 1
+    np.testing.assert_array_equal(host(outs[1]), b[:, 1:6])  # the fill value where missing
+
+
 def test_direct_reads_land_in_output(tmp_path):
     """Whole row-chunks of an uncompressed array are read straight into the output."""
     from cupy_xarray.engine.locate import locate

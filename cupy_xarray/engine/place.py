@@ -103,8 +103,7 @@ def take_located(read: Any, i: int, found: list[ChunkTask], missing: list, shape
     if missing:
         read.filled.add(i)
     if read.outs[i] is None:
-        make = device.full(shape, spec.fill_value, spec.dtype) if missing else device.empty(shape, spec.dtype)
-        read.outs[i] = make
+        read.outs[i] = read.new_output(i, shape, fill=bool(missing))
     else:
         for p in missing:
             scatter(device.xp, read.outs[i], p.out_sel, spec.fill_value)

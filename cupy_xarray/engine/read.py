@@ -20,10 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from ..device import Device
 from ..errors import OutOfMemoryError
 from ..options import Options
 from ..runtime.buffers import release_idle_memory
 from ..runtime.notes import collecting, file
+from .fallback import is_oom
 from .plan import output_shape
 from .route import Decision, Scheduler
 from .spec import ArraySpec
@@ -152,6 +156,8 @@ class Read:
         The read's own choices (the options' where not given).
     scheduler
         Gives each chunk its route.
+    one_buffer
+        The outputs are cut from one allocation (:class:`Outputs`).
     """
 
     def __init__(
@@ -163,6 +169,7 @@ class Read:
         batch_bytes: int | None,
         progress: bool,
         scheduler: Scheduler,
+        one_buffer: bool = False,
     ) -> None:
         self.requests = requests
         self.device = device
@@ -172,6 +179,8 @@ class Read:
         self.progress = progress
         self.scheduler = scheduler
         self.outs: list[Any] = [None] * len(requests)
+        self.one_buffer = one_buffer
+        self._buffer: Outputs | None = None
         self.filled: set[int] = set()  # outputs with missing chunks: filled with the fill value first
         self.clock = Clock(device.wait_all if options.profile else None)
         self.bar: Any = None
@@ -180,6 +189,20 @@ class Read:
             device=getattr(device, "name", "buffer prototype"),
             decode=decode,
         )
+
+    def new_output(self, i: int, shape: tuple[int, ...], fill: bool = False) -> Any:
+        """Make request ``i``'s output (``fill``: filled with its array's fill value), cut
+        from the read's one buffer where it has one."""
+        spec, device = self.requests[i][0], self.device
+        if self.one_buffer and isinstance(device, Device):
+            if self._buffer is None:
+                self._buffer = Outputs(self.requests, device)
+            out = self._buffer.take(i)
+            if out is not None:
+                if fill:
+                    out.fill(spec.fill_value)
+                return out
+        return device.full(shape, spec.fill_value, spec.dtype) if fill else device.empty(shape, spec.dtype)
 
     def smaller_batches(self, exc: BaseException) -> bool:
         """After memory ran short (``exc``), start again with batches a quarter the size (of
@@ -201,6 +224,7 @@ class Read:
         """Forget a failed attempt's outputs, before the read starts again; ``note`` says why
         in the report."""
         self.outs[:] = [None] * len(self.requests)
+        self._buffer = None
         self.filled.clear()
         self.report.chunks = 0
         self.report.notes.append(note)
@@ -237,6 +261,46 @@ class Read:
         report.crowded = self.clock.crowded
         report.nbytes = sum(int(getattr(o, "nbytes", 0)) for o in self.outs if o is not None)
         file(recorders, report)
+
+
+class Outputs:
+    """The outputs of a read's requests cut from one device allocation, each a C-contiguous
+    array of its own, aligned to 256 bytes.
+
+    One allocation costs what one output's does: where a read has hundreds of outputs (a
+    read-ahead window, a block per dask task), their own allocations on the read's stream
+    would cost more than planning them. Every output keeps the whole allocation alive.
+    """
+
+    ALIGN = 256
+
+    def __init__(self, requests: list[tuple[ArraySpec, tuple]], device: Any) -> None:
+        self.device = device
+        self.places: list[tuple[int, int, tuple[int, ...], np.dtype] | None] = []
+        total = 0
+        for spec, sel in requests:
+            shape = output_shape(sel, spec.shape)
+            n = math.prod(shape) * spec.dtype.itemsize
+            if not n or spec.dtype.kind not in "biufc":  # (cupy has no datetime or string arrays)
+                self.places.append(None)
+                continue
+            self.places.append((total, n, shape, spec.dtype))
+            total += -(-n // self.ALIGN) * self.ALIGN
+        self.buffer: Any = None
+        if total:
+            try:
+                self.buffer = device.empty((total,), np.uint8)
+            except Exception as exc:  # memory too fragmented for one piece: an allocation each
+                if not is_oom(exc):
+                    raise
+
+    def take(self, i: int) -> Any:
+        """Request ``i``'s output (a view of the buffer), or None where it has none."""
+        place = self.places[i]
+        if place is None or self.buffer is None:
+            return None
+        start, n, shape, dtype = place
+        return self.buffer[start : start + n].view(dtype).reshape(shape)
 
 
 def progress_bytes(tasks: list) -> int:

@@ -87,11 +87,11 @@ def _run(read: Read) -> list[Any]:
         pieces = plan_chunks(nsel, spec.shape, spec.chunks)
         if spec.source is not None and len(pieces) * spec.recipe.nbytes > size:
             remote.append((i, spec, pieces))
-            outs[i] = device.empty(oshape, spec.dtype)
+            outs[i] = read.new_output(i, oshape)
             continue
         if scheduler.streams(spec, pieces, read):
             streamed.append((i, spec, pieces))
-            outs[i] = device.empty(oshape, spec.dtype)
+            outs[i] = read.new_output(i, oshape)
             continue
         found, missing = locate(spec, pieces, i, read)
         take_located(read, i, found, missing, oshape)
@@ -171,6 +171,7 @@ def read_arrays(
     progress: bool = False,
     decode: str | None = None,
     scheduler: Scheduler | None = None,
+    one_buffer: bool = False,
 ) -> list[Any]:
     """Read selections of many arrays in one go.
 
@@ -194,6 +195,10 @@ def read_arrays(
     scheduler
         Gives each chunk its route (:class:`~cupy_xarray.engine.route.Scheduler`); default
         large groups shared by both processors (:mod:`.share`).
+    one_buffer
+        Cut the outputs from one allocation (:class:`~.read.Outputs`): one allocation for many
+        outputs, which then keep each other's memory until the last is dropped. Not for a read
+        gathered with other threads' (:mod:`.gather`).
 
     Returns
     -------
@@ -229,7 +234,7 @@ def read_arrays(
         return SERVICE.read(
             normalized, nbytes, key, read, recorders.get(), options.gather_wait, options.gather_bytes
         )
-    return _read_now(reading(normalized))
+    return _read_now(reading(normalized, one_buffer=one_buffer))
 
 
 def _output_bytes(requests: list) -> int:

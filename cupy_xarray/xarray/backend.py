@@ -187,9 +187,10 @@ class KvikioBackendArray(BackendArray):
         return isinstance(device, Device) and not device.host_memory
 
     def _read_boxes(self, keys: list[tuple]) -> list[Any]:
-        whole = readahead.cover(keys, self.shape) if self.options.read_ahead_merge else None
+        how = self.options.read_ahead_outputs
+        whole = readahead.cover(keys, self.shape) if how == "box" else None
         if whole is None:
-            return self._read_requests([(self.spec, k) for k in keys])
+            return self._read_requests([(self.spec, k) for k in keys], one_buffer=how != "each")
         # boxes that tile one box: one request, as an eager read of it (one output, one plan);
         # each block a C-contiguous array of its own (a strided view of the box would slow
         # the kernels that take it, cupy's reductions 2.5x)
@@ -206,10 +207,13 @@ class KvikioBackendArray(BackendArray):
             return opts.read_ahead_bytes
         return min(opts.read_ahead_bytes, int(opts.memory_share * device.free_bytes()))
 
-    def _read_requests(self, requests: list) -> list[Any]:
+    def _read_requests(self, requests: list, one_buffer: bool = False) -> list[Any]:
         with using(self.options):
             device = self.resolved_device()
-            return read_arrays(requests, device, batch_bytes=self.reads.batch_bytes, decode=self.reads.decode)
+            reads = self.reads
+            return read_arrays(
+                requests, device, batch_bytes=reads.batch_bytes, decode=reads.decode, one_buffer=one_buffer
+            )
 
 
 def _slots(cls: type) -> list[str]:
