@@ -183,9 +183,8 @@ def _check(options: Options, source: str) -> Options:
             f"force_route must be 'auto', 'host', 'batch' or 'share', got {options.force_route!r} ({source})"
         )
     if options.read_ahead_outputs not in ("each", "one", "box"):
-        raise ValueError(
-            f"read_ahead_outputs must be 'each', 'one' or 'box', got {options.read_ahead_outputs!r} ({source})"
-        )
+        how = options.read_ahead_outputs
+        raise ValueError(f"read_ahead_outputs must be 'each', 'one' or 'box', got {how!r} ({source})")
     if options.share_start not in ("decode", "now"):
         raise ValueError(f"share_start must be 'decode' or 'now', got {options.share_start!r} ({source})")
     if options.decode not in DECODE_CHOICES:

@@ -213,7 +213,7 @@ def test_one_buffer_outputs_equal_their_own(tmp_path, device):
     outs = read_arrays(requests, dev, one_buffer=True)
     alone = [read_arrays([r], dev)[0] for r in requests]
     bases = set()
-    for out, ref, (spec, sel) in zip(outs, alone, requests):
+    for out, ref in zip(outs, alone):
         assert out.dtype == ref.dtype and out.shape == ref.shape and out.flags.c_contiguous
         np.testing.assert_array_equal(host(out), host(ref))
         if out.size:
@@ -222,6 +222,26 @@ def test_one_buffer_outputs_equal_their_own(tmp_path, device):
             assert (ptr - (_base(out).data.ptr if device == "gpu" else _base(out).ctypes.data)) % 256 == 0
     assert len(bases) == 1
     np.testing.assert_array_equal(host(outs[1]), b[:, 1:6])  # the fill value where missing
+
+
+def test_one_buffer_that_cannot_be_had_leaves_each_output_its_own(tmp_path):
+    """Where the one allocation fails for memory, each output is made on its own; another
+    error is raised."""
+    from cupy_xarray.engine.read import Outputs
+
+    a = zarr.create_array(tmp_path / "a.zarr", shape=(8, 8), chunks=(4, 4), dtype="f4")
+    requests = [(array_spec(a), normalize_selection((slice(0, 4),), a.shape))] * 2
+
+    class Short:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def empty(self, shape, dtype):
+            raise self.exc
+
+    assert Outputs(requests, Short(MemoryError("out of memory"))).take(0) is None
+    with pytest.raises(ValueError, match="broken"):
+        Outputs(requests, Short(ValueError("broken")))
 
 
 def test_direct_reads_land_in_output(tmp_path):
