@@ -281,3 +281,8 @@ def test_a_plan_that_fails_leaves_the_compute_alone(store, monkeypatch):
     with dask.config.set(scheduler="threads", num_workers=4):
         got = ds["f"].load()
     np.testing.assert_array_equal(got.values, _ref(store)["f"].values)
+
+
+def test_read_ahead_outputs_takes_its_three_values():
+    with pytest.raises(ValueError, match="read_ahead_outputs must be 'each', 'one' or 'box', got 'all'"):
+        cupy_xarray.set_options(read_ahead_outputs="all")
