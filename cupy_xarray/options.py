@@ -99,7 +99,7 @@ class Options:
     gather_bytes: int = 2 * 2**30
     box_min_row: int = 512
     box_max_copies: int = 16
-    read_ahead_outputs: str = "each"
+    read_ahead_outputs: str = "one"
     point_wave_bytes: int = 2**30
     # -- how a write (``.cupy.to_zarr``) is cut up (measured on an H200 host with 16 cores;
     # see the contributor guide) -------------------------------------------------------------

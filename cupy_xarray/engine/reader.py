@@ -197,8 +197,8 @@ def read_arrays(
         large groups shared by both processors (:mod:`.share`).
     one_buffer
         Cut the outputs from one allocation (:class:`~.read.Outputs`): one allocation for many
-        outputs, which then keep each other's memory until the last is dropped. Not for a read
-        gathered with other threads' (:mod:`.gather`).
+        outputs, which then keep each other's memory until the last is dropped. Such a read is
+        not gathered with other threads' (:mod:`.gather`).
 
     Returns
     -------
@@ -223,7 +223,7 @@ def read_arrays(
     reading = functools.partial(
         Read, device=device, options=options, decode=choice, batch_bytes=size, progress=show, scheduler=sched
     )
-    if _gathers(device, nbytes, show, options):
+    if not one_buffer and _gathers(device, nbytes, show, options):
 
         def read(some: list) -> tuple[list, list]:
             with record_reads() as reports:
