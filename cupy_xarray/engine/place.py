@@ -57,7 +57,8 @@ def plan_target(task: ChunkTask, out_bytes: Any) -> None:
         return
     src_off, n, dst = task.copy
     if src_off == 0 and n == task.spec.recipe.nbytes and dst % 16 == 0:
-        task.placement = Placement("target", task.copy, view=out_bytes[dst : dst + n])
+        whole = dst == 0 and n == len(out_bytes)  # (a GPU slice costs a call per chunk)
+        task.placement = Placement("target", task.copy, view=out_bytes if whole else out_bytes[dst : dst + n])
 
 
 def plan_box(task: ChunkTask, out: Any, out_bytes: Any) -> None:

@@ -299,8 +299,13 @@ class Outputs:
         place = self.places[i]
         if place is None or self.buffer is None:
             return None
-        start, n, shape, dtype = place
-        return self.buffer[start : start + n].view(dtype).reshape(shape)
+        start, _, shape, dtype = place
+        buf = self.buffer
+        if isinstance(buf, np.ndarray):
+            return np.ndarray(shape, dtype, buffer=buf, offset=start)
+        # one cupy call where a slice, a view and a reshape take three; the pointer keeps the
+        # allocation alive
+        return type(buf)(shape, dtype, memptr=buf.data + start)
 
 
 def progress_bytes(tasks: list) -> int:
