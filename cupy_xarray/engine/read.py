@@ -275,7 +275,6 @@ class Outputs:
     ALIGN = 256
 
     def __init__(self, requests: list[tuple[ArraySpec, tuple]], device: Any) -> None:
-        self.device = device
         self.places: list[tuple[int, int, tuple[int, ...], np.dtype] | None] = []
         total = 0
         for spec, sel in requests:
