@@ -103,7 +103,7 @@ def main() -> None:
                 print(f"{label}: {speed}, {len(reads)} engine reads")
                 for r in sorted(reads, key=lambda r: -r.nbytes)[:2]:
                     phases = {k: round(v * 1e3) for k, v in r.phases.items() if v > 0.002}
-                    where = str(r.decisions[0]).split(":", 2)[-1][:60] if r.decisions else ""
+                    where = str(r.decisions[0]).split(":", 2)[-1][:140] if r.decisions else ""
                     print(f"    {r.nbytes >> 20:6d} MiB {r.chunks:5d} chunks {r.seconds * 1e3:6.0f} ms"
                           f" gathered {r.gathered} {phases}{where}")  # fmt: skip
 
