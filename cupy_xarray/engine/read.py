@@ -27,6 +27,7 @@ from ..errors import OutOfMemoryError
 from ..options import Options
 from ..runtime.buffers import release_idle_memory
 from ..runtime.notes import collecting, file
+from .decoders.base import aligned_slots
 from .fallback import is_oom
 from .plan import output_shape
 from .route import Decision, Scheduler
@@ -275,18 +276,19 @@ class Outputs:
     ALIGN = 256
 
     def __init__(self, requests: list[tuple[ArraySpec, tuple]], device: Any) -> None:
-        self.places: list[tuple[int, int, tuple[int, ...], np.dtype] | None] = []
-        total = 0
-        for spec, sel in requests:
+        placed: list[tuple[int, int, tuple[int, ...], np.dtype]] = []  # (request, bytes, shape, dtype)
+        for i, (spec, sel) in enumerate(requests):
             shape = output_shape(sel, spec.shape)
             n = math.prod(shape) * spec.dtype.itemsize
-            if not n or spec.dtype.kind not in "biufc":  # (cupy has no datetime or string arrays)
-                self.places.append(None)
-                continue
-            self.places.append((total, n, shape, spec.dtype))
-            total += -(-n // self.ALIGN) * self.ALIGN
+            if n and spec.dtype.kind in "biufc":  # (cupy has no datetime or string arrays)
+                placed.append((i, n, shape, spec.dtype))
+        slots, total = aligned_slots(np.array([n for _, n, _, _ in placed], dtype=np.int64), self.ALIGN)
+        #: per request, (offset, shape, dtype) of its output in the buffer; None: made on its own
+        self.places: list[tuple[int, tuple[int, ...], np.dtype] | None] = [None] * len(requests)
+        for (i, _, shape, dtype), start in zip(placed, slots.tolist()):
+            self.places[i] = (start, shape, dtype)
         self.buffer: Any = None
-        if total:
+        if placed:
             try:
                 self.buffer = device.empty((total,), np.uint8)
             except Exception as exc:  # memory too fragmented for one piece: an allocation each
@@ -298,7 +300,7 @@ class Outputs:
         place = self.places[i]
         if place is None or self.buffer is None:
             return None
-        start, _, shape, dtype = place
+        start, shape, dtype = place
         buf = self.buffer
         if isinstance(buf, np.ndarray):
             return np.ndarray(shape, dtype, buffer=buf, offset=start)
