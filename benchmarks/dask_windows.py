@@ -58,6 +58,19 @@ def load(path: str, chunks, settings: dict, repeat: int = 3, op: str = "load") -
     return best, reports, peak
 
 
+def learned() -> None:
+    """Print what this process's reads taught the route model (``engine/observed.py``)."""
+    from cupy_xarray.engine import observed
+
+    for (_, kind), p in observed._paces.items():
+        print(f"    pace {kind}: gpu_k {p.gpu_k:.2f} ({p.gpu_seen}) pool {p.pool / 1e9:.1f} GB/s"
+              f" ({p.pool_seen}) shared {p.pool_shared / 1e9:.1f} ({p.pool_shared_seen})"
+              f" io {p.io / 1e9:.1f} ({p.io_seen})")  # fmt: skip
+    factors = sorted(observed._outcomes.items(), key=lambda kv: (kv[0][3], kv[0][2]))
+    shown = (f"{k[2]}@{2 ** (2 * k[3]) >> 20}MiB {v[0]:.2f} ({v[1]})" for k, v in factors)
+    print("    factors:", ", ".join(shown))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("store")
@@ -66,6 +79,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--plan", default="1,0", help="read_ahead_plan, where the package has it")
     ap.add_argument("--op", default="load", choices=sorted(OPS))
+    ap.add_argument("--trace", action="store_true", help="print the paces and route factors learned")
     ap.add_argument(
         "--set", action="append", default=[], metavar="NAME=V1,V2",
         help="a setting's values to compare as well (repeatable; skipped where the package lacks it)",
@@ -106,6 +120,8 @@ def main() -> None:
                     where = str(r.decisions[0]).split(":", 2)[-1][:140] if r.decisions else ""
                     print(f"    {r.nbytes >> 20:6d} MiB {r.chunks:5d} chunks {r.seconds * 1e3:6.0f} ms"
                           f" gathered {r.gathered} {phases}{where}")  # fmt: skip
+                if args.trace:
+                    learned()
 
 
 if __name__ == "__main__":
