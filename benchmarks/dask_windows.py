@@ -67,7 +67,7 @@ def learned() -> None:
               f" ({p.pool_seen}) shared {p.pool_shared / 1e9:.1f} ({p.pool_shared_seen})"
               f" io {p.io / 1e9:.1f} ({p.io_seen})")  # fmt: skip
     factors = sorted(observed._outcomes.items(), key=lambda kv: (kv[0][3], kv[0][2]))
-    shown = (f"{k[2]}@{2 ** (2 * k[3]) >> 20}MiB {v[0]:.2f} ({v[1]})" for k, v in factors)
+    shown = (f"{k[2]}@{2 ** (2 * k[3]) >> 20}MiB {v[0]:.2f} ({v[1]}, {v[2]} since)" for k, v in factors)
     print("    factors:", ", ".join(shown))
 
 

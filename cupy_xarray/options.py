@@ -91,6 +91,7 @@ class Options:
     share_start: str = "decode"
     share_margin: float = 0.1
     route_explore: float = 0.0
+    route_forget: float = 0.0
     route_start_wait: bool = True
     force_route: str = "auto"
     kept_buffer_bytes: int = 64 * 2**20
@@ -196,7 +197,7 @@ def _check(options: Options, source: str) -> Options:
     if options.read_ahead_wait < 0:
         wait = options.read_ahead_wait
         raise ValueError(f"read_ahead_wait must be 0 or more seconds, got {wait!r} ({source})")
-    for name in ("write_cpu_share_zstd", "write_cpu_share_lz4"):
+    for name in ("write_cpu_share_zstd", "write_cpu_share_lz4", "route_forget"):
         if not 0 <= getattr(options, name) <= 1:
             raise ValueError(f"{name} must be between 0 and 1, got {getattr(options, name)!r} ({source})")
     for name in ("write_batch_bytes", "write_gpu_batch_chunks", "write_in_flight"):

@@ -207,6 +207,58 @@ def test_a_close_route_is_tried_once_at_a_size(paces, c_api, options):
     assert s.plan(tasks, at(GPU, "auto")).model[1] == chosen
 
 
+def test_a_route_seen_slow_once_is_tried_again(paces, c_api, options):
+    """With ``route_forget``, a route charged for one slow read forgets a share of its
+    charge for each read of that size that goes elsewhere, until the figures send a read
+    back to it; run slow again, it is charged what it had learned at once. Without it the
+    charge stays for good."""
+    s, key = Scheduler(RATES), sch.seen_on(at(GPU))
+    _saw("pool", key, "zstd", 8 * 10**9, 1.0)
+    _saw("gpu", key, "zstd", 2.0, 1.0)
+    tasks = _planned(64)
+    first = s.plan(tasks, at(GPU, "auto"))
+    _, chosen, nbytes, model_s = first.model
+    s.saw_read(first, at(GPU), 4 * model_s)  # one slow read: charged fourfold
+    for _ in range(20):
+        plan = s.plan(tasks, at(GPU, "auto"))
+        assert plan.model[1] != chosen
+        s.saw_read(plan, at(GPU), plan.model[3])  # the other route runs as figured
+    assert observed.outcome(key, "zstd", chosen, nbytes) == 4.0
+    assert observed.outcome(key, "zstd", chosen, nbytes, forget=0.5) < 1.01  # (20 reads since)
+    observed.saw_outcome(key, "zstd", chosen, nbytes, 4 * model_s, model_s)  # learned again
+    options(route_forget=0.5)
+    reads = 0
+    while (plan := s.plan(tasks, at(GPU, "auto"))).model[1] != chosen and reads < 20:
+        s.saw_read(plan, at(GPU), plan.model[3])
+        reads += 1
+    assert plan.model[1] == chosen and 0 < reads < 10, reads
+    s.saw_read(plan, at(GPU), 4 * model_s)  # slow again: its whole factor, not the forgotten one
+    assert observed.outcome(key, "zstd", chosen, nbytes, forget=0.5) == 4.0
+    assert s.plan(tasks, at(GPU, "auto")).model[1] != chosen
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_route_forget_is_a_share(share):
+    from cupy_xarray import set_options
+
+    with pytest.raises(ValueError, match="route_forget must be between 0 and 1"):
+        set_options(route_forget=share)
+
+
+def test_a_factor_learned_from_more_reads_is_forgotten_more_slowly(paces):
+    key = "gpu"
+    for reads, nbytes in ((1, 2**20), (4, 2**30)):
+        for _ in range(reads):
+            observed.saw_outcome(key, "zstd", "batch", nbytes, 3.0, 1.0)
+        for _ in range(3):
+            observed.passed_over(key, "zstd", "batch", nbytes)
+    once = observed.outcome(key, "zstd", "batch", 2**20, forget=0.3)
+    often = observed.outcome(key, "zstd", "batch", 2**30, forget=0.3)
+    assert 1.0 < once < often < 3.0
+    assert observed.outcome(key, "zstd", "batch", 2**30) == 3.0
+    assert observed.outcome(key, "zstd", "batch", 2**30, forget=1.0) == 3.0 ** (0.75**3)
+
+
 def test_the_threads_pace_beside_the_batches_is_kept_apart(paces):
     """The CPU threads slowed beside the batches do not make them look slow alone: the pace
     of a shared queue's back is its own figure."""

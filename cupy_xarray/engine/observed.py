@@ -24,7 +24,13 @@ The figures miss what no stage measures (contention, scatter, hand-offs). So eac
 time is learned as well (:func:`saw_outcome`): the read's wall time over what the model said,
 per stream kind, route and read size (within a factor of four). A route that ran slower than
 its figures is charged that much the next time, so a split that does not pay is not chosen
-again, and the route that ran faster takes the reads of that size.
+again, and the route that ran faster takes the reads of that size. A route is only learned
+where it runs, so what it is charged would never change once another route takes its reads;
+with the ``route_forget`` setting each read routed elsewhere forgets a share of it
+(:func:`passed_over`, :func:`outcome`), less the more reads the factor was learned from, so
+that one slow read (another process on the GPU, a page cache miss) keeps a route from a size
+for a few reads, not for good. What is forgotten only lowers the charge: a route that runs
+slow again is charged from the factor it had learned, at once.
 """
 
 from __future__ import annotations
@@ -75,7 +81,8 @@ class Pace:
 
 _lock = threading.Lock()
 _paces: dict[tuple[str, str], Pace] = {}
-#: (device, kind, route, size class) -> [wall time over the model's time, observations]
+#: (device, kind, route, size class) -> [wall time over the model's time, observations,
+#: reads routed elsewhere since]
 _outcomes: dict[tuple[str, str, str, int], list] = {}
 #: the bounds of a route's factor: its figures are off by no more than this
 OUTCOME_LOW, OUTCOME_HIGH = 0.25, 4.0
@@ -132,11 +139,20 @@ def size_class(nbytes: int) -> int:
     return max(0, int(nbytes)).bit_length() // 2
 
 
-def outcome(device_key: str, kind: str, route: str, nbytes: int) -> float | None:
-    """What reads of ``nbytes`` by ``route`` took over what the model said (None: none seen)."""
+def outcome(device_key: str, kind: str, route: str, nbytes: int, forget: float = 0.0) -> float | None:
+    """What reads of ``nbytes`` by ``route`` took over what the model said (None: none seen).
+
+    ``forget`` (the ``route_forget`` setting): the share of the factor's distance from 1 (as
+    a power) forgotten for each read routed elsewhere since the route last ran at that size,
+    divided by the reads it was learned from."""
     with _lock:
         seen = _outcomes.get((device_key, kind, route, size_class(nbytes)))
-        return seen[0] if seen else None
+        if not seen:
+            return None
+        factor, count, passed = seen
+    if forget > 0 and passed and count:
+        factor **= max(0.0, 1.0 - forget / count) ** passed
+    return factor
 
 
 def saw_outcome(
@@ -148,9 +164,19 @@ def saw_outcome(
         return
     ratio = min(OUTCOME_HIGH, max(OUTCOME_LOW, seconds / predicted))
     with _lock:
-        seen = _outcomes.setdefault((device_key, kind, route, size_class(nbytes)), [1.0, 0])
+        seen = _outcomes.setdefault((device_key, kind, route, size_class(nbytes)), [1.0, 0, 0])
         seen[0] = ratio if seen[1] == 0 else _mix(seen[0], ratio, seen[1])
         seen[1] += 1
+        seen[2] = 0
+
+
+def passed_over(device_key: str, kind: str, route: str, nbytes: int) -> None:
+    """A read of ``nbytes`` went to another route than ``route``: one more read since
+    ``route`` last ran at that size (what :func:`outcome` forgets by)."""
+    with _lock:
+        seen = _outcomes.get((device_key, kind, route, size_class(nbytes)))
+        if seen:
+            seen[2] += 1
 
 
 def forget() -> None:

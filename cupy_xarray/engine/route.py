@@ -370,7 +370,8 @@ class Scheduler:
         front = total - x
         t_split = wait + stored * front / total / io + gpu(front)
         model = {"host": t_cpu, "batch": t_gpu, "share": t_split}
-        factor = {route: observed.outcome(key, chain, route, total) for route in model}
+        forget = read.options.route_forget
+        factor = {route: observed.outcome(key, chain, route, total, forget) for route in model}
         charged = {route: t * (factor[route] or 1.0) for route, t in model.items()}
         t_cpu, t_gpu, t_split = charged["host"], charged["batch"], charged["share"]
         names = ", ".join(dict.fromkeys(t.spec.name for t in tasks))
@@ -388,6 +389,9 @@ class Scheduler:
         if tried is not None:
             alone = "CPU threads alone" if tried == "host" else "nvCOMP alone"
             route, why = tried, f"{alone}, tried at this size: {figures}"
+        for other in model:
+            if other != route and factor[other] is not None:
+                observed.passed_over(key, chain, other, total)
         share = route == "share"
         return Split(
             route,
