@@ -10,6 +10,8 @@ Each setting (``read_ahead_bytes`` in GiB x ``read_ahead_wait`` in seconds x
 loads the store with ``chunks={}`` and ``chunks="auto"`` (best of 3, the settings taken in
 turns), beside an eager load, and prints the engine reads the last load made: their sizes,
 chunks, routes and phases, largest first.
+``--phases`` splits each best compute's time: before dask's first task asked for a block (its
+graph work), while the blocks were read and handed out, and after the last one.
 ``--op mean`` times ``.mean()`` of the dask array instead of its load (against an eager
 load's mean); ``--op sel`` a compute of its first four time steps (against the same
 selection read eagerly).
@@ -36,14 +38,48 @@ OPS = {
 }
 
 
-def load(path: str, chunks, settings: dict, repeat: int = 3, op: str = "load") -> tuple[float, list, int]:
-    """Best seconds of ``repeat`` runs of ``op`` on ``field``, the reports of the last, and
-    the peak GPU memory of the best."""
-    best, reports, peak = float("inf"), [], 0
+#: (start, end) of each block a task asked the read-ahead for, where ``--phases`` times them
+GETS: list[tuple[float, float]] = []
+
+
+def time_gets() -> None:
+    """Time every block a task asks the read-ahead for (``--phases``)."""
+    from cupy_xarray.xarray import readahead
+
+    get = readahead.ReadAhead.get
+
+    def timed(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return get(self, *args, **kwargs)
+        finally:
+            GETS.append((t0, time.perf_counter()))
+
+    readahead.ReadAhead.get = timed
+
+
+def phases_of(t0: float, t1: float, gets: list) -> str:
+    """Where a compute's time went: before its first block was asked for (dask's graph
+    work), from then until the last block was handed out, and after it (the tasks left, the
+    result's assembly)."""
+    if not gets:
+        return ""
+    first, last = min(g[0] for g in gets), max(g[1] for g in gets)
+    return (
+        f"; before the first block {(first - t0) * 1e3:.0f} ms, blocks {(last - first) * 1e3:.0f} ms,"
+        f" after the last {(t1 - last) * 1e3:.0f} ms"
+    )
+
+
+def load(path: str, chunks, settings: dict, repeat: int = 3, op: str = "load") -> tuple:
+    """Best seconds of ``repeat`` runs of ``op`` on ``field``, the reports of the last, the
+    peak GPU memory of the best and where its time went (:func:`phases_of`)."""
+    best, reports, peak, split = float("inf"), [], 0, ""
     with cupy_xarray.set_options(**settings):
         for _ in range(repeat):
             ds = xr.open_dataset(path, engine="kvikio", chunks=chunks)
             with PeakGPUMemory() as mem:
+                GETS.clear()
                 t0 = time.perf_counter()
                 with cupy_xarray.record_reads() as reports:
                     if chunks is None:
@@ -54,8 +90,8 @@ def load(path: str, chunks, settings: dict, repeat: int = 3, op: str = "load") -
                 t = time.perf_counter() - t0
             del out
             if t < best:
-                best, peak = t, mem.used
-    return best, reports, peak
+                best, peak, split = t, mem.used, phases_of(t0, t0 + t, GETS)
+    return best, reports, peak, split
 
 
 def learned() -> None:
@@ -80,16 +116,19 @@ def main() -> None:
     ap.add_argument("--plan", default="1,0", help="read_ahead_plan, where the package has it")
     ap.add_argument("--op", default="load", choices=sorted(OPS))
     ap.add_argument("--trace", action="store_true", help="print the paces and route factors learned")
+    ap.add_argument("--phases", action="store_true", help="time the blocks' asks: where the time went")
     ap.add_argument(
         "--set", action="append", default=[], metavar="NAME=V1,V2",
         help="a setting's values to compare as well (repeatable; skipped where the package lacks it)",
     )  # fmt: skip
     args = ap.parse_args()
     warnings.simplefilter("ignore")
+    if args.phases:
+        time_gets()
     field = xr.open_dataset(args.store, engine="kvikio", chunks={})["field"]
     nbytes = field[:4].nbytes if args.op == "sel" else field.nbytes
     load(args.store, None, {}, repeat=1, op=args.op)  # (a process's first read sets things up)
-    eager, _, peak = load(args.store, None, {}, op=args.op)
+    eager, _, peak, _ = load(args.store, None, {}, op=args.op)
     print(f"eager {args.op}: {nbytes / eager / 1e9:.2f} GB/s, peak GPU memory {peak / 2**30:.2f} GiB")
     plans = [bool(int(p)) for p in args.plan.split(",")]
     if not hasattr(cupy_xarray.Options, "read_ahead_plan"):
@@ -109,12 +148,12 @@ def main() -> None:
                 settings = {"read_ahead_bytes": int(gib * 2**30), "read_ahead_wait": wait, **more}
                 if plan is not None:
                     settings["read_ahead_plan"] = plan
-                t, reports, peak = load(args.store, chunks, settings, op=args.op)
+                t, reports, peak, split = load(args.store, chunks, settings, op=args.op)
                 reads = list({id(r): r for r in reports}.values())
                 label = f"round {rnd} {args.op} chunks={chunks!r} {gib:g} GiB wait={wait:g} plan={plan}"
                 label += "".join(f" {k}={v}" for k, v in more.items())
                 speed = f"{nbytes / t / 1e9:.2f} GB/s ({eager / t:.2f}x eager), peak {peak / 2**30:.2f} GiB"
-                print(f"{label}: {speed}, {len(reads)} engine reads")
+                print(f"{label}: {speed}, {len(reads)} engine reads{split}")
                 for r in sorted(reads, key=lambda r: -r.nbytes)[:2]:
                     phases = {k: round(v * 1e3) for k, v in r.phases.items() if v > 0.002}
                     where = str(r.decisions[0]).split(":", 2)[-1][:140] if r.decisions else ""
