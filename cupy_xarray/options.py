@@ -101,6 +101,7 @@ class Options:
     box_min_row: int = 512
     box_max_copies: int = 16
     read_ahead_outputs: str = "one"
+    read_ahead_early: bool = False
     point_wave_bytes: int = 2**30
     # -- how a write (``.cupy.to_zarr``) is cut up (measured on an H200 host with 16 cores;
     # see the contributor guide) -------------------------------------------------------------

@@ -86,6 +86,31 @@ def test_a_dask_load_reads_its_chunks_in_one_window(store, device, chunks):
     assert ahead.hits or tasks == 1
 
 
+@pytest.mark.parametrize("chunks", [{}, {"t": 8}])
+def test_blocks_handed_out_as_their_batches_land_equal_zarr(store, device, chunks, monkeypatch):
+    """With ``read_ahead_early``, a window's blocks go to their tasks as each batch of its
+    read is placed (many hand-outs in one read), and the load equals zarr-python's."""
+    from cupy_xarray.engine.read import Read
+
+    handed = []
+    real = Read.hand_out
+
+    def hand_out(self, placed):  # (the batches' outputs, where handed out early)
+        if self.ready is not None:
+            handed.append(len(placed))
+        real(self, placed)
+
+    monkeypatch.setattr(Read, "hand_out", hand_out)
+    ds = _open(store, chunks, device, read_ahead_early=True, force_route="batch", batch_bytes=64 * 2**10)
+    with record_reads() as reports, dask.config.set(scheduler="threads", num_workers=8):
+        got = ds.load()
+    assert [r.chunks for r in _reads(reports)] == [CHUNKS, CHUNKS]
+    assert len(handed) >= 8, handed  # (a batch of at most four 16 KiB chunks' stored bytes)
+    if device == "gpu":
+        got = got.copy(data={k: host(v.data) for k, v in got.data_vars.items()})
+    xr.testing.assert_identical(got, _ref(store, chunks).load())
+
+
 def test_the_budget_splits_the_windows_and_every_chunk_is_read_once(store):
     """``read_ahead_bytes`` of a quarter of the array: windows of at most a quarter, every
     chunk read once."""
@@ -252,8 +277,8 @@ def test_blocks_of_a_tiled_window_are_contiguous_arrays_of_their_own(store, devi
     handed = []
     real = backend.KvikioBackendArray._read_boxes
 
-    def read_boxes(self, keys):
-        out = real(self, keys)
+    def read_boxes(self, keys, ready=None):
+        out = real(self, keys, ready)
         handed.extend((k, o) for k, o in zip(keys, out) if len(k) == 3)  # (not the index's)
         return out
 

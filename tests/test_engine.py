@@ -216,6 +216,43 @@ def test_one_buffer_outputs_equal_their_own(tmp_path, device):
     np.testing.assert_array_equal(host(outs[1]), b[:, 1:6])  # the fill value where missing
 
 
+def test_ready_hands_out_each_output_once_its_batch_is_placed(tmp_path, device):
+    """With ``ready``, each request's output is handed out as soon as the batches have
+    placed its chunks, in the batches' order, once, equal to zarr-python's; where a later
+    batch holds a damaged chunk, the outputs handed out before are whole and the read fails
+    naming the chunk."""
+    from cupy_xarray.engine.route import Scheduler
+
+    rng = np.random.default_rng(5)
+    data = (rng.standard_normal((16, 32, 32)) * 10).round().astype("f4")  # (compresses a little)
+    zstd = zarr.codecs.ZstdCodec()
+    a = zarr.create_array(tmp_path / "r.zarr", data=data, chunks=(1, 32, 32), compressors=zstd)
+    requests = [(array_spec(a, name="v"), (slice(i, i + 1), slice(None), slice(None))) for i in range(16)]
+    dev = resolve_device(device)
+    batch = Scheduler(force="batch")
+    handed: list = []
+
+    def ready(i, out):
+        handed.append((i, host(out).copy()))
+
+    small = dict(batch_bytes=4 << 10, scheduler=batch, ready=ready)
+    for one_buffer in (True, False):
+        handed.clear()
+        outs = read_arrays(requests, dev, one_buffer=one_buffer, **small)
+        assert [i for i, _ in handed] == list(range(16))
+        for i, got in handed:
+            np.testing.assert_array_equal(got, data[i : i + 1])
+            np.testing.assert_array_equal(host(outs[i]), data[i : i + 1])
+    last = tmp_path / "r.zarr" / "c" / "15" / "0" / "0"
+    last.write_bytes(last.read_bytes()[:20])  # a frame cut short
+    handed.clear()
+    with pytest.raises(ChunkError, match="chunk 'c/15/0/0'"):
+        read_arrays(requests, dev, **small)
+    assert handed and [i for i, _ in handed] == list(range(len(handed))) and len(handed) < 15
+    for i, got in handed:
+        np.testing.assert_array_equal(got, data[i : i + 1])
+
+
 def test_one_buffer_that_cannot_be_had_leaves_each_output_its_own(tmp_path):
     """Where the one allocation fails for memory, each output is made on its own; another
     error is raised."""

@@ -94,6 +94,7 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
     plan = read.scheduler.plan(tasks, read)
     limit = cut.staging_limit(read, _free_for_batches(read, plan))
     read.report.decisions.extend(plan.decisions)
+    read.count_tasks(tasks)
     queue = WorkQueue(plan.shared, plan.front_bytes, plan.fixed_s, cut.max_ops()) if plan.shared else None
     plan_boxes(plan.batched, read.outs)
     depth = cut.depth(plan.batched + plan.shared, read.clock.crowded, options)
@@ -170,7 +171,9 @@ def _read_batches(read: Read, source: cut.BatchSource, session: Any, depth: int,
             jobs.take_from(queue)
         _decode_batch(read, source, b, ahead, geometry)
         device.synchronize()  # staging memory is reused by the next batch's reads
+        placed = source.items[b]
         source.done(b)
+        read.hand_out(placed)
         clock.lap("sync")
         b += 1
     if cpu_waits:  # (no batch was read after all)

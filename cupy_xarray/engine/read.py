@@ -159,6 +159,9 @@ class Read:
         Gives each chunk its route.
     one_buffer
         The outputs are cut from one allocation (:class:`Outputs`).
+    ready
+        Called with a request's index and output as soon as the batches have placed all of
+        its chunks (:meth:`hand_out`), before the read ends.
     """
 
     def __init__(
@@ -171,6 +174,7 @@ class Read:
         progress: bool,
         scheduler: Scheduler,
         one_buffer: bool = False,
+        ready: Callable[[int, Any], None] | None = None,
     ) -> None:
         self.requests = requests
         self.device = device
@@ -183,6 +187,8 @@ class Read:
         self.one_buffer = one_buffer
         self._buffer: Outputs | None = None
         self.filled: set[int] = set()  # outputs with missing chunks: filled with the fill value first
+        self.ready = ready
+        self._left: dict[int, int] = {}  # per output: its tasks the batches have not placed yet
         self.clock = Clock(device.wait_all if options.profile else None)
         self.bar: Any = None
         self.report = ReadReport(
@@ -204,6 +210,29 @@ class Read:
                     out.fill(spec.fill_value)
                 return out
         return device.full(shape, spec.fill_value, spec.dtype) if fill else device.empty(shape, spec.dtype)
+
+    def count_tasks(self, tasks: list) -> None:
+        """The tasks whose placing completes their outputs (:meth:`hand_out`), with ``ready``."""
+        if self.ready is not None:
+            self._left.clear()
+            for t in tasks:
+                self._left[t.out] = self._left.get(t.out, 0) + 1
+
+    def hand_out(self, placed: list) -> None:
+        """The batches placed ``placed`` and the device's work on them is done: hand each
+        output that has all its chunks now to ``ready`` (outputs with chunks on CPU threads, or
+        of a read planned batch by batch, are returned with the read only)."""
+        if self.ready is None:
+            return
+        done = []
+        for t in placed:
+            left = self._left.get(t.out)
+            if left is not None:
+                self._left[t.out] = left - 1
+                if left == 1:
+                    done.append(t.out)
+        for i in done:
+            self.ready(i, self.outs[i])
 
     def smaller_batches(self, exc: BaseException) -> bool:
         """After memory ran short (``exc``), start again with batches a quarter the size (of

@@ -20,6 +20,7 @@ import logging
 import math
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from ..device import Device, PrototypeDevice
@@ -172,6 +173,7 @@ def read_arrays(
     decode: str | None = None,
     scheduler: Scheduler | None = None,
     one_buffer: bool = False,
+    ready: Callable[[int, Any], None] | None = None,
 ) -> list[Any]:
     """Read selections of many arrays in one go.
 
@@ -199,6 +201,13 @@ def read_arrays(
         Cut the outputs from one allocation (:class:`~.read.Outputs`): one allocation for many
         outputs, which then keep each other's memory until the last is dropped. Such a read is
         not gathered with other threads' (:mod:`.gather`).
+    ready
+        Called as ``ready(i, output)`` from the reading thread as soon as request ``i``'s
+        output is complete (every chunk decoded, checked and placed by the batches, the
+        device's work on it done), before the read ends; outputs with chunks decoded by CPU
+        threads are only returned. The read may still fail after, or start again (a writer
+        replaced a chunk, memory ran short), handing out some outputs twice. Such a read is
+        not gathered.
 
     Returns
     -------
@@ -223,7 +232,7 @@ def read_arrays(
     reading = functools.partial(
         Read, device=device, options=options, decode=choice, batch_bytes=size, progress=show, scheduler=sched
     )
-    if not one_buffer and _gathers(device, nbytes, show, options):
+    if not one_buffer and ready is None and _gathers(device, nbytes, show, options):
 
         def read(some: list) -> tuple[list, list]:
             with record_reads() as reports:
@@ -234,7 +243,7 @@ def read_arrays(
         return SERVICE.read(
             normalized, nbytes, key, read, recorders.get(), options.gather_wait, options.gather_bytes
         )
-    return _read_now(reading(normalized, one_buffer=one_buffer))
+    return _read_now(reading(normalized, one_buffer=one_buffer, ready=ready))
 
 
 def _output_bytes(requests: list) -> int:

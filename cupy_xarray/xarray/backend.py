@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -179,18 +180,21 @@ class KvikioBackendArray(BackendArray):
         if self._readahead is None:
             with _MAKING_AHEAD:  # dask's first tasks arrive on several threads at once
                 if self._readahead is None:
-                    self._readahead = ReadAhead(self.shape, self.dtype.itemsize, self._read_boxes)
+                    self._readahead = ReadAhead(self.shape, self.dtype.itemsize, self._read_boxes, True)
         return self._readahead
 
     def _on_gpu(self) -> bool:
         device = self.resolved_device()
         return isinstance(device, Device) and not device.host_memory
 
-    def _read_boxes(self, keys: list[tuple]) -> list[Any]:
+    def _read_boxes(self, keys: list[tuple], ready: Callable[[int, Any], None] | None = None) -> list[Any]:
+        """The arrays of a read-ahead window's boxes, in one read (``ready``: each handed out
+        as soon as it is read, with the ``read_ahead_early`` option)."""
         how = self.options.read_ahead_outputs
         whole = readahead.cover(keys, self.shape) if how == "box" else None
         if whole is None:
-            return self._read_requests([(self.spec, k) for k in keys], one_buffer=how != "each")
+            early = ready if self.options.read_ahead_early else None
+            return self._read_requests([(self.spec, k) for k in keys], one_buffer=how != "each", ready=early)
         # boxes that tile one box: one request, as an eager read of it (one output, one plan);
         # each block a C-contiguous array of its own (a strided view of the box would slow
         # the kernels that take it, cupy's reductions 2.5x)
@@ -207,12 +211,17 @@ class KvikioBackendArray(BackendArray):
             return opts.read_ahead_bytes
         return min(opts.read_ahead_bytes, int(opts.memory_share * device.free_bytes()))
 
-    def _read_requests(self, requests: list, one_buffer: bool = False) -> list[Any]:
+    def _read_requests(self, requests: list, one_buffer: bool = False, ready: Any = None) -> list[Any]:
         with using(self.options):
             device = self.resolved_device()
             reads = self.reads
             return read_arrays(
-                requests, device, batch_bytes=reads.batch_bytes, decode=reads.decode, one_buffer=one_buffer
+                requests,
+                device,
+                batch_bytes=reads.batch_bytes,
+                decode=reads.decode,
+                one_buffer=one_buffer,
+                ready=ready,
             )
 
 

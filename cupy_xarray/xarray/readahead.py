@@ -89,14 +89,19 @@ class ReadAhead:
         Bytes per element.
     read
         Reads a list of selections (tuples of slices) in one read; returns their arrays.
+    hands_out
+        ``read`` takes a second argument, ``ready(i, array)``, with which it may hand out
+        each selection's array as soon as it is read, before the read ends: the task that
+        asked for it takes it then.
     """
 
     def __init__(
-        self, shape: tuple[int, ...], itemsize: int, read: Callable[[list[tuple]], list[Any]]
+        self, shape: tuple[int, ...], itemsize: int, read: Callable[..., list[Any]], hands_out: bool = False
     ) -> None:
         self.shape = tuple(int(n) for n in shape)
         self.itemsize = itemsize
         self._read = read
+        self._hands_out = hands_out
         self._lock = threading.Lock()
         self._extent: tuple[int, ...] | None = None  # a whole box's extent
         self._grid: tuple[int, ...] = ()
@@ -214,22 +219,27 @@ class ReadAhead:
 
     def _read_window(self, window: list[tuple], linger: float, drops: bool = True) -> Any:
         keys = [key for key, _ in window]
+
+        def ready(i: int, value: Any) -> None:  # box i is read: its task may take it now
+            if i > 0 and not window[i][1].done.is_set():  # (a read started again hands it twice)
+                _fill(window[i][1], value)
+
         try:
-            values = self._read(keys)
+            values = self._read(keys, ready) if self._hands_out and len(window) > 1 else self._read(keys)
         except BaseException as exc:
             for _, slot in window[1:]:
-                slot.failed = True
-                slot.done.set()
+                if not slot.done.is_set():  # (a box handed out early is read)
+                    slot.failed = True
+                    slot.done.set()
             if len(window) == 1 or not isinstance(exc, Exception):
                 raise
             return self._read(keys[:1])[0]  # its own box alone: its own error, if any
         finally:
             with self._lock:
                 self._reading -= 1
-        now = time.monotonic()
         for (_, slot), value in zip(window[1:], values[1:]):
-            slot.value, slot.when = value, now
-            slot.done.set()
+            if not slot.done.is_set():
+                _fill(slot, value)
         if len(window) > 1 and drops:
             with self._lock:
                 self._schedule_drop(linger)
@@ -342,6 +352,11 @@ class ReadAhead:
             idx.append(flat % g)
             flat //= g
         return tuple(slice(i * e, min((i + 1) * e, n)) for i, e, n in zip(reversed(idx), ext, self.shape))
+
+
+def _fill(slot: _Slot, value: Any) -> None:
+    slot.value, slot.when = value, time.monotonic()
+    slot.done.set()
 
 
 class _Plan:
