@@ -86,10 +86,12 @@ def test_a_dask_load_reads_its_chunks_in_one_window(store, device, chunks):
     assert ahead.hits or tasks == 1
 
 
+@pytest.mark.parametrize("route", ["batch", "auto"])
 @pytest.mark.parametrize("chunks", [{}, {"t": 8}])
-def test_blocks_handed_out_as_their_batches_land_equal_zarr(store, device, chunks, monkeypatch):
-    """With ``read_ahead_early``, a window's blocks go to their tasks as each batch of its
-    read is placed (many hand-outs in one read), and the load equals zarr-python's."""
+def test_blocks_handed_out_as_they_are_placed_equal_zarr(store, device, chunks, route, monkeypatch):
+    """With ``read_ahead_early``, a window's blocks go to their tasks as the batches or the
+    CPU threads place them (many hand-outs in one read), and the load equals
+    zarr-python's."""
     from cupy_xarray.engine.read import Read
 
     handed = []
@@ -101,11 +103,11 @@ def test_blocks_handed_out_as_their_batches_land_equal_zarr(store, device, chunk
         real(self, placed)
 
     monkeypatch.setattr(Read, "hand_out", hand_out)
-    ds = _open(store, chunks, device, read_ahead_early=True, force_route="batch", batch_bytes=64 * 2**10)
+    ds = _open(store, chunks, device, read_ahead_early=True, force_route=route, batch_bytes=64 * 2**10)
     with record_reads() as reports, dask.config.set(scheduler="threads", num_workers=8):
         got = ds.load()
     assert [r.chunks for r in _reads(reports)] == [CHUNKS, CHUNKS]
-    assert len(handed) >= 8, handed  # (a batch of at most four 16 KiB chunks' stored bytes)
+    assert len(handed) >= 8, handed  # (a batch holds at most four 16 KiB chunks' stored bytes)
     if device == "gpu":
         got = got.copy(data={k: host(v.data) for k, v in got.data_vars.items()})
     xr.testing.assert_identical(got, _ref(store, chunks).load())

@@ -111,7 +111,9 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
                 # (twins: the host route's CPU device assembles them, on the same threads)
                 on = resolve_device("cpu", device.threads) if twins is not None else device
                 outs = twins if twins is not None else read.outs
-                jobs = host.Jobs(outs, on, options).start(plan.on_host, inline=not busy)
+                # (twins are copied to the outputs at the end: nothing is handed out before)
+                placed = read.hand_out if twins is None and read.ready is not None else None
+                jobs = host.Jobs(outs, on, options, placed).start(plan.on_host, inline=not busy)
                 _read_batches(read, source, session, depth, jobs)
                 jobs.wait()
                 read.scheduler.saw_pool(plan.on_host, queue, read, time.perf_counter() - host_t0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -67,11 +68,15 @@ class Jobs:
     with the read's ``options``.
 
     :meth:`start` runs the host route's tasks, :meth:`take_from` sets every thread on a
-    shared queue's back end; :meth:`wait` raises the first task's error.
+    shared queue's back end; :meth:`wait` raises the first task's error. ``placed``, where
+    given, is called with each task once it is placed (on a GPU, its copies done).
     """
 
-    def __init__(self, outs: list[Any], device: Any, options: Options) -> None:
+    def __init__(
+        self, outs: list[Any], device: Any, options: Options, placed: Callable[[list], None] | None = None
+    ) -> None:
         self.outs, self.device, self.options = outs, device, options
+        self.placed = placed  # told of each task placed (its copies to the GPU done)
         self._futures: list = []
         #: thread-seconds per phase (with ``CUPY_XARRAY_PROFILE=1``), else None
         self.stats: dict | None = defaultdict(float) if options.profile else None
@@ -145,6 +150,8 @@ class Jobs:
             self._job(task, self.outs[task.out])
         finally:
             self._spent.append((task.spec.recipe.key, time.perf_counter() - t0))  # (append: thread-safe)
+        if self.placed is not None:
+            self.placed([task])
 
     def _job(self, task: ChunkTask, out: Any) -> None:
         """Read, decode and place one task on this thread."""

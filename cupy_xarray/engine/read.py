@@ -188,7 +188,8 @@ class Read:
         self._buffer: Outputs | None = None
         self.filled: set[int] = set()  # outputs with missing chunks: filled with the fill value first
         self.ready = ready
-        self._left: dict[int, int] = {}  # per output: its tasks the batches have not placed yet
+        self._left: dict[int, int] = {}  # per output: its tasks not placed yet
+        self._handing = threading.Lock()  # (the batches' thread and the CPU threads place)
         self.clock = Clock(device.wait_all if options.profile else None)
         self.bar: Any = None
         self.report = ReadReport(
@@ -214,23 +215,26 @@ class Read:
     def count_tasks(self, tasks: list) -> None:
         """The tasks whose placing completes their outputs (:meth:`hand_out`), with ``ready``."""
         if self.ready is not None:
-            self._left.clear()
-            for t in tasks:
-                self._left[t.out] = self._left.get(t.out, 0) + 1
+            with self._handing:
+                self._left.clear()
+                for t in tasks:
+                    self._left[t.out] = self._left.get(t.out, 0) + 1
 
     def hand_out(self, placed: list) -> None:
-        """The batches placed ``placed`` and the device's work on them is done: hand each
-        output that has all its chunks now to ``ready`` (outputs with chunks on CPU threads, or
-        of a read planned batch by batch, are returned with the read only)."""
+        """``placed`` are placed, the device's work on them done (a batch after its
+        synchronization, a CPU thread's task after its copies): hand each output that has all
+        its chunks now to ``ready`` (those of a read planned batch by batch, of remote waves
+        or assembled in host memory first are returned with the read only)."""
         if self.ready is None:
             return
         done = []
-        for t in placed:
-            left = self._left.get(t.out)
-            if left is not None:
-                self._left[t.out] = left - 1
-                if left == 1:
-                    done.append(t.out)
+        with self._handing:
+            for t in placed:
+                left = self._left.get(t.out)
+                if left is not None:
+                    self._left[t.out] = left - 1
+                    if left == 1:
+                        done.append(t.out)
         for i in done:
             self.ready(i, self.outs[i])
 

@@ -202,12 +202,11 @@ def read_arrays(
         outputs, which then keep each other's memory until the last is dropped. Such a read is
         not gathered with other threads' (:mod:`.gather`).
     ready
-        Called as ``ready(i, output)`` from the reading thread as soon as request ``i``'s
-        output is complete (every chunk decoded, checked and placed by the batches, the
-        device's work on it done), before the read ends; outputs with chunks decoded by CPU
-        threads are only returned. The read may still fail after, or start again (a writer
-        replaced a chunk, memory ran short), handing out some outputs twice. Such a read is
-        not gathered.
+        Called as ``ready(i, output)`` as soon as request ``i``'s output is complete (every
+        chunk decoded, checked and placed, the device's work on it done), before the read
+        ends: from the reading thread after a batch, or from a CPU thread after a chunk's
+        job. The read may still fail after, or start again (a writer replaced a chunk, memory
+        ran short), handing out some outputs twice. Such a read is not gathered.
 
     Returns
     -------
