@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from conftest import expected_type, module_of, run_in_threads
+from conftest import expected_type, host, module_of, run_in_threads
 from loopback import HTTPStores, S3Stores
 
 import cupy_xarray
@@ -882,3 +882,30 @@ def test_a_protocol_without_its_file_system_names_the_package():
         ):
             xr.open_dataset("gs://bucket/data.zarr", engine="kvikio", device="cpu")
     assert "adlfs" in install_hint("abfs://c/x.zarr") and "s3fs" in install_hint("s3://b/x.zarr")
+
+
+def test_outputs_of_remote_waves_are_handed_out_with_the_read_only(http, local_store, device, options):
+    """``read_arrays(ready=...)`` hands out the outputs of local requests as they are placed,
+    and those fetched in waves only with the read's end (a wave places part of an output):
+    every output handed out is whole, and the read returns them all."""
+    from cupy_xarray.engine import array_spec, read_arrays
+    from cupy_xarray.engine.devices import resolve_device
+
+    options(wave_bytes=1)  # every chunk a wave of its own
+    url = f"{http.url}/s.zarr"
+    lazy = xr.open_dataset(url, engine="kvikio", device=device)["zstd"].variable._data
+    while not hasattr(lazy, "spec"):
+        lazy = lazy.array
+    local = zarr.open_array(local_store, path="zstd")
+    whole = (slice(None),) * 3
+    requests = [(lazy.spec, whole), (array_spec(local, name="zstd"), whole)]
+    handed = []
+
+    def ready(i, out):
+        handed.append((i, host(out).copy()))
+
+    outs = read_arrays(requests, resolve_device(device), ready=ready)
+    assert [i for i, _ in handed] == [1]  # the local request's, before the read ended
+    np.testing.assert_array_equal(handed[0][1], local[:])
+    for out in outs:
+        np.testing.assert_array_equal(host(out), local[:])

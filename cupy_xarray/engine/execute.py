@@ -94,7 +94,6 @@ def execute(read: Read, tasks: list[ChunkTask], streamed=(), assemble: bool = Tr
     plan = read.scheduler.plan(tasks, read)
     limit = cut.staging_limit(read, _free_for_batches(read, plan))
     read.report.decisions.extend(plan.decisions)
-    read.count_tasks(tasks)
     queue = WorkQueue(plan.shared, plan.front_bytes, plan.fixed_s, cut.max_ops()) if plan.shared else None
     plan_boxes(plan.batched, read.outs)
     depth = cut.depth(plan.batched + plan.shared, read.clock.crowded, options)

@@ -160,8 +160,8 @@ class Read:
     one_buffer
         The outputs are cut from one allocation (:class:`Outputs`).
     ready
-        Called with a request's index and output as soon as the batches have placed all of
-        its chunks (:meth:`hand_out`), before the read ends.
+        Called with a request's index and output as soon as all of its chunks are placed
+        (:meth:`hand_out`), before the read ends.
     """
 
     def __init__(
@@ -213,7 +213,9 @@ class Read:
         return device.full(shape, spec.fill_value, spec.dtype) if fill else device.empty(shape, spec.dtype)
 
     def count_tasks(self, tasks: list) -> None:
-        """The tasks whose placing completes their outputs (:meth:`hand_out`), with ``ready``."""
+        """The located tasks whose placing completes their outputs (:meth:`hand_out`), with
+        ``ready``; outputs with none (all their chunks missing, or located later) are
+        returned with the read."""
         if self.ready is not None:
             with self._handing:
                 self._left.clear()

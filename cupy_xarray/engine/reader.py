@@ -101,6 +101,7 @@ def _run(read: Read) -> list[Any]:
     if not tasks and not remote and not streamed:
         return outs
     read.progress_bar(tasks)
+    read.count_tasks(tasks)  # (those of remote waves and streamed requests are located later)
     if tasks or streamed:
         execute(read, tasks, streamed=streamed)
     if remote:
