@@ -52,8 +52,9 @@ class ReadReport:
     seconds
         Wall time of the read.
     phases
-        Seconds per phase (plan, submit, io wait, decode ..., scatter, host route); exact
-        with the ``profile`` option, which synchronizes the GPU between phases.
+        Seconds per phase (outputs: the one allocation of ``one_buffer``, plan, submit, io
+        wait, decode ..., scatter, host route); exact with the ``profile`` option, which
+        synchronizes the GPU between phases.
     decisions
         Where each group of compressed chunks was decoded and why (:class:`~.route.Decision`).
     batches
@@ -203,14 +204,18 @@ class Read:
         from the read's one buffer where it has one."""
         spec, device = self.requests[i][0], self.device
         if self.one_buffer and isinstance(device, Device):
-            if self._buffer is None:
-                self._buffer = Outputs(self.requests, device)
-            out = self._buffer.take(i)
+            out = self.buffer().take(i)
             if out is not None:
                 if fill:
                     out.fill(spec.fill_value)
                 return out
         return device.full(shape, spec.fill_value, spec.dtype) if fill else device.empty(shape, spec.dtype)
+
+    def buffer(self) -> Outputs:
+        """The one allocation the outputs are cut from (``one_buffer``), made on first use."""
+        if self._buffer is None:
+            self._buffer = Outputs(self.requests, self.device)
+        return self._buffer
 
     def count_tasks(self, tasks: list) -> None:
         """The located tasks whose placing completes their outputs (:meth:`hand_out`), with
