@@ -77,7 +77,7 @@ def _run(read: Read) -> list[Any]:
     remote: list = []  # fetched in waves
     streamed: list = []  # planned batch by batch
     size = wave_bytes(read)
-    if read.one_buffer and isinstance(device, Device):
+    if read.one_buffer and isinstance(device, Device) and not any(s.fallback for s, _ in read.requests):
         read.buffer()  # (the one allocation: a phase of its own in the report)
         clock.lap("outputs")
     for i, (spec, nsel) in enumerate(read.requests):
