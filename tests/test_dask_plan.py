@@ -103,7 +103,9 @@ def test_blocks_handed_out_as_they_are_placed_equal_zarr(store, device, chunks, 
         real(self, placed)
 
     monkeypatch.setattr(Read, "hand_out", hand_out)
-    ds = _open(store, chunks, device, read_ahead_early=True, force_route=route, batch_bytes=64 * 2**10)
+    early = dict(read_ahead_early=True, force_route=route, batch_bytes=64 * 2**10)
+    # (a small GPU read assembled on the host first is handed out at its end)
+    ds = _open(store, chunks, device, host_assembly_bytes=0, **early)
     with record_reads() as reports, dask.config.set(scheduler="threads", num_workers=8):
         got = ds.load()
     assert [r.chunks for r in _reads(reports)] == [CHUNKS, CHUNKS]
