@@ -211,7 +211,9 @@ class KvikioBackendArray(BackendArray):
             return opts.read_ahead_bytes
         return min(opts.read_ahead_bytes, int(opts.memory_share * device.free_bytes()))
 
-    def _read_requests(self, requests: list, one_buffer: bool = False, ready: Any = None) -> list[Any]:
+    def _read_requests(
+        self, requests: list, one_buffer: bool = False, ready: Callable[[int, Any], None] | None = None
+    ) -> list[Any]:
         with using(self.options):
             device = self.resolved_device()
             reads = self.reads

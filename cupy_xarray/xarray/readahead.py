@@ -221,7 +221,7 @@ class ReadAhead:
         keys = [key for key, _ in window]
 
         def ready(i: int, value: Any) -> None:  # box i is read: its task may take it now
-            if i > 0 and not window[i][1].done.is_set():  # (a read started again hands it twice)
+            if i > 0:
                 _fill(window[i][1], value)
 
         try:
@@ -238,8 +238,7 @@ class ReadAhead:
             with self._lock:
                 self._reading -= 1
         for (_, slot), value in zip(window[1:], values[1:]):
-            if not slot.done.is_set():
-                _fill(slot, value)
+            _fill(slot, value)
         if len(window) > 1 and drops:
             with self._lock:
                 self._schedule_drop(linger)
@@ -355,8 +354,11 @@ class ReadAhead:
 
 
 def _fill(slot: _Slot, value: Any) -> None:
-    slot.value, slot.when = value, time.monotonic()
-    slot.done.set()
+    """Give a box read ahead its array, where it has none yet (a box handed out early keeps
+    it; a read started again hands it out twice)."""
+    if not slot.done.is_set():
+        slot.value, slot.when = value, time.monotonic()
+        slot.done.set()
 
 
 class _Plan:
