@@ -138,11 +138,19 @@ def test_the_pace_seen_moves_the_route(paces, monkeypatch):
     assert observed.pace("gpu", "zstd").pool == 8e9
 
 
+def _both_warm() -> str:
+    """Paces seen for both processors (after their warm-up): CPU threads at 8 GB/s, nvCOMP at
+    twice its figures' time, so that large zstd reads are shared; the device's key."""
+    key = sch.seen_on(at(GPU))
+    _saw("pool", key, "zstd", 8 * 10**9, 1.0)
+    _saw("gpu", key, "zstd", 2.0, 1.0)
+    return key
+
+
 def test_the_margin_keeps_a_split_that_gains_little_away(paces, options):
     s = Scheduler(RATES)
     tasks = _tasks(("zstd",), 1024)
-    _saw("pool", sch.seen_on(at(GPU)), "zstd", 8 * 10**9, 1.0)
-    _saw("gpu", sch.seen_on(at(GPU)), "zstd", 2.0, 1.0)
+    _both_warm()
     assert s.split(tasks, at(GPU), "zstd").route == "share"
     options(share_margin=0.99)
     assert s.split(tasks, at(GPU), "zstd").route in ("host", "batch")
@@ -158,8 +166,7 @@ def test_a_route_that_ran_slower_than_its_figures_is_charged_for_it(paces, c_api
     once it ran as figured. Nothing is learned before the route's processors warmed up."""
     s, key = Scheduler(RATES), sch.seen_on(at(GPU))
     assert s.plan(_planned(1024), at(GPU, "auto")).model is None  # nothing warm yet
-    _saw("pool", key, "zstd", 8 * 10**9, 1.0)
-    _saw("gpu", key, "zstd", 2.0, 1.0)
+    _both_warm()
     plan = s.plan(_planned(1024), at(GPU, "auto"))
     kind, route, nbytes, model_s = plan.model
     assert (kind, route, nbytes) == ("zstd", "share", 1024 * 4 * 2**20) and model_s > 0
@@ -181,9 +188,8 @@ def test_a_close_route_is_tried_once_at_a_size(paces, c_api, options):
     """With ``route_explore``, a processor alone never read at a size whose figures come
     close to the learned route's time is tried once; whichever then ran faster keeps the
     reads. Without it, or where its figures are further off, it is not tried."""
-    s, key = Scheduler(RATES), sch.seen_on(at(GPU))
-    _saw("pool", key, "zstd", 8 * 10**9, 1.0)
-    _saw("gpu", key, "zstd", 2.0, 1.0)
+    s = Scheduler(RATES)
+    _both_warm()
     tasks = _planned(64)
     first = s.plan(tasks, at(GPU, "auto"))
     _, chosen, _, model_s = first.model
@@ -212,9 +218,7 @@ def test_a_route_seen_slow_once_is_tried_again(paces, c_api, options):
     charge for each read of that size that goes elsewhere, until the figures send a read
     back to it; run slow again, it is charged what it had learned at once. Without it the
     charge stays for good."""
-    s, key = Scheduler(RATES), sch.seen_on(at(GPU))
-    _saw("pool", key, "zstd", 8 * 10**9, 1.0)
-    _saw("gpu", key, "zstd", 2.0, 1.0)
+    s, key = Scheduler(RATES), _both_warm()
     tasks = _planned(64)
     first = s.plan(tasks, at(GPU, "auto"))
     _, chosen, nbytes, model_s = first.model
